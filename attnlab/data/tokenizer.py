@@ -1,0 +1,202 @@
+"""Character and BPE tokenizers, both stored as a Hugging Face ``tokenizer.json``.
+
+- ``char``: one token per character (WordLevel model over single characters, each character
+  isolated by the pre-tokenizer). ``train_char`` orders the vocabulary as ``sorted(set(text))``,
+  the convention of nanoGPT's shakespeare_char, so ids line up with its ``meta.pkl``. Encoding
+  runs as a numpy lookup (the corpus is millions of characters) and rejects unknown characters.
+- ``bpe``: byte-pair encoding over words from the ``Whitespace`` pre-tokenizer (the
+  gradient-boosted-attention paper's setup). Whitespace is not tokenized, so decoding joins
+  words with single spaces (then drops the space before punctuation and around word-internal
+  apostrophes); word-internal pieces carry a ``##`` prefix so the WordPiece decoder glues them
+  back together. Unseen characters map to ``<unk>``.
+
+Added special tokens (``add_special_tokens``) are matched before either model runs, so they
+always encode as single tokens, and they are saved in ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+
+from attnlab.errors import AttnlabError
+
+FILENAME = "tokenizer.json"
+UNK = "<unk>"
+SUBWORD_PREFIX = "##"
+# WordLevel needs an unknown-token name; it is deliberately absent from the char vocabulary,
+# so Hugging Face's own encoder fails loudly on unknown characters just as ours does.
+_CHAR_UNK = "[UNK]"
+_MAX_LISTED = 5
+# The Whitespace pre-tokenizer drops spacing, so bpe decoding puts one space between words;
+# these rules take it out again where English typography has none ("faults ," -> "faults,").
+_NO_SPACE_BEFORE = re.compile(r" ([.,;:!?\])])")
+_NO_SPACE_AFTER = re.compile(r"([\[(]) ")
+_APOSTROPHE = re.compile(r"(\w) ' (?=\w)")
+
+
+def _codes(text: str) -> np.ndarray:
+    """Unicode code points of ``text`` as a uint32 array (no per-character Python loop)."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` of kind ``"char"`` or ``"bpe"`` with attnlab's conventions."""
+
+    def __init__(self, hf: tokenizers.Tokenizer) -> None:
+        model = type(hf.model).__name__
+        kinds = {"WordLevel": "char", "BPE": "bpe"}
+        if model not in kinds:
+            raise AttnlabError(f"unsupported tokenizer model {model} (expected WordLevel or BPE)")
+        self.hf = hf
+        self.kind: str = kinds[model]
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Rebuild the lookup tables that mirror ``hf`` (after construction or new specials)."""
+        added = self.hf.get_added_tokens_decoder()
+        self._specials = {tok.content: i for i, tok in added.items()}
+        # Longest first so that a special token that prefixes another never shadows it.
+        names = sorted(self._specials, key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, names))) if names else None
+        if self.kind == "char":
+            vocab = self.hf.get_vocab(with_added_tokens=False)
+            if any(len(c) != 1 for c in vocab):
+                raise AttnlabError("char tokenizer vocabulary holds multi-character tokens")
+            chars = sorted(vocab, key=vocab.get)
+            codes = _codes("".join(chars)).astype(np.int64)
+            order = np.argsort(codes)
+            self._sorted_codes = codes[order]
+            self._sorted_ids = np.array([vocab[c] for c in chars], dtype=np.int64)[order]
+
+    @classmethod
+    def from_chars(cls, chars: Sequence[str]) -> Tokenizer:
+        """Char tokenizer whose id ``i`` is ``chars[i]`` (e.g. nanoGPT's ``meta.pkl`` itos)."""
+        chars = list(chars)
+        if not chars:
+            raise AttnlabError("char tokenizer needs a non-empty vocabulary")
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars) or len(set(chars)) != len(
+            chars
+        ):
+            raise AttnlabError("char vocabulary must be distinct single characters")
+        hf = tokenizers.Tokenizer(
+            models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_CHAR_UNK)
+        )
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        hf.decoder = decoders.Fuse()
+        return cls(hf)
+
+    @classmethod
+    def train_char(cls, text: str) -> Tokenizer:
+        """Char tokenizer over ``sorted(set(text))``."""
+        return cls.from_chars(sorted(set(text)))
+
+    @classmethod
+    def train_bpe(
+        cls, text: str, vocab_size: int, *, alphabet: Iterable[str] | None = None
+    ) -> Tokenizer:
+        """BPE of ``vocab_size`` tokens learned on ``text``.
+
+        ``alphabet`` adds characters that must be in the vocabulary even if ``text`` lacks them
+        (prepare passes the characters of the held-out text, which it must not learn merges on).
+        """
+        if vocab_size < 2:
+            raise AttnlabError(f"BPE vocab size must be at least 2, got {vocab_size}")
+        hf = tokenizers.Tokenizer(
+            models.BPE(unk_token=UNK, continuing_subword_prefix=SUBWORD_PREFIX)
+        )
+        hf.pre_tokenizer = pre_tokenizers.Whitespace()
+        hf.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX, cleanup=True)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[UNK],
+            continuing_subword_prefix=SUBWORD_PREFIX,
+            show_progress=False,
+        )
+        # Every character needs a word-initial token "c" and a continuation token "##c", or it
+        # encodes as <unk> wherever it shows up in the other position than seen in training.
+        # A doubled-character pseudo-word per character supplies both at negligible counts.
+        chars = sorted((set(text) | set(alphabet or ())) - set(string.whitespace))
+        lines = [*text.splitlines(), *(c + c for c in chars)]  # lines: threaded word counting
+        hf.train_from_iterator(lines, trainer=trainer)
+        return cls(hf)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Load ``tokenizer.json`` (or the one inside the folder ``path``)."""
+        path = Path(path)
+        file = path / FILENAME if path.is_dir() else path
+        if not file.is_file():
+            raise AttnlabError(f"{file}: tokenizer file not found")
+        try:
+            hf = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as e:  # the Rust error says what is wrong; keep its first line
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise AttnlabError(f"{file}: not a valid tokenizer.json ({reason})") from None
+        try:
+            return cls(hf)
+        except AttnlabError as e:
+            raise AttnlabError(f"{file}: {e}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write ``tokenizer.json`` to the file ``path``."""
+        self.hf.save(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of ``token`` (special tokens included), None if it is not in the vocabulary."""
+        return self.hf.token_to_id(token)
+
+    def add_special_tokens(self, tokens: list[str]) -> list[int]:
+        """Add tokens that always encode as one id; returns their ids (existing ones kept)."""
+        self.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+        self._refresh()
+        return [self.hf.token_to_id(t) for t in tokens]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+        if self.kind == "bpe":
+            return self.hf.encode(text, add_special_tokens=False).ids
+        if self._special_re is None:
+            return self._encode_chars(text).tolist()
+        ids: list[int] = []
+        start = 0
+        for match in self._special_re.finditer(text):
+            ids += self._encode_chars(text[start : match.start()]).tolist()
+            ids.append(self._specials[match.group()])
+            start = match.end()
+        return ids + self._encode_chars(text[start:]).tolist()
+
+    def _encode_chars(self, text: str) -> np.ndarray:
+        codes = _codes(text)
+        pos = np.searchsorted(self._sorted_codes, codes).clip(max=len(self._sorted_codes) - 1)
+        unknown = self._sorted_codes[pos] != codes
+        if unknown.any():
+            bad = sorted({chr(c) for c in codes[unknown]})
+            listed = ", ".join(map(repr, bad[:_MAX_LISTED])) + (
+                ", ..." if len(bad) > _MAX_LISTED else ""
+            )
+            raise AttnlabError(f"{len(bad)} character(s) not in the vocabulary: {listed}")
+        return self._sorted_ids[pos]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` (special tokens included); for bpe, words joined by single spaces."""
+        ids = [int(i) for i in ids]
+        if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
+            raise AttnlabError(f"token id out of range for vocab size {self.vocab_size}")
+        text = self.hf.decode(ids, skip_special_tokens=False)
+        if self.kind == "bpe":
+            text = _APOSTROPHE.sub(
+                r"\1'", _NO_SPACE_AFTER.sub(r"\1", _NO_SPACE_BEFORE.sub(r"\1", text))
+            )
+        return text

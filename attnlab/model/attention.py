@@ -1,0 +1,173 @@
+"""Causal self-attention: fused QKV, GQA, RoPE, KV cache, SDPA, and the mechanism hook points.
+
+With no mechanism attached this is nanoGPT's CausalSelfAttention op for op (same matmuls, same
+``scaled_dot_product_attention(..., is_causal=True)`` call), which is what keeps the backbone
+bit-identical to nanoGPT. Mechanisms reach in only through the hooks named in
+attnlab.model.mechanisms; nothing here knows about any particular mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.model.layers import Rotary
+from attnlab.model.mechanisms import attach
+
+
+class LayerCache:
+    """Growing per-layer buffers (keys, values, and whatever a mechanism needs per token).
+
+    Buffers are allocated once at ``max_len`` and written in place, so a decoding step costs
+    O(1) allocation instead of a ``torch.cat`` of the whole history.
+    """
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._lengths: dict[str, int] = {}
+
+    def extend(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Append x [B, H, T, D] along T to slot ``name``; return everything cached so far."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[:2] != x.shape[:2] or buf.dtype != x.dtype:
+            buf = x.new_empty(x.size(0), x.size(1), self.max_len, x.size(3))
+            self._buffers[name], self._lengths[name] = buf, 0
+        start = self._lengths[name]
+        end = start + x.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} positions > block_size {self.max_len}")
+        buf[:, :, start:end] = x
+        self._lengths[name] = end
+        return buf[:, :, :end]
+
+
+class KVCache:
+    """One LayerCache per block plus the number of positions already processed."""
+
+    def __init__(self, n_layer: int, max_len: int) -> None:
+        self.layers = [LayerCache(max_len) for _ in range(n_layer)]
+        self.length = 0
+
+
+@dataclass
+class Context:
+    """What travels beside the hidden states through one forward pass."""
+
+    start: int = 0  # absolute position of the first token (non-zero when decoding with a cache)
+    cache: KVCache | None = None
+    rotary: Rotary | None = None
+    layer: int = 0
+    state: dict[str, torch.Tensor] = field(default_factory=dict)  # cross-layer signals, e.g. "M"
+    stats: dict[str, torch.Tensor] | None = None  # mechanisms put gate statistics here when asked
+    capture: dict[str, Any] | None = None  # analyses ask for attention weights here
+
+    @property
+    def layer_cache(self) -> LayerCache | None:
+        return self.cache.layers[self.layer] if self.cache is not None else None
+
+    def record(self, name: str, value: torch.Tensor) -> None:
+        """Store a per-layer statistic when the trainer asked for them (detached, no sync)."""
+        if self.stats is not None:
+            self.stats[f"{name}/layer{self.layer}"] = value.detach()
+
+    def keep(self, name: str, value: torch.Tensor) -> None:
+        """Store a tensor for an analysis when one asked (``capture`` is a dict)."""
+        if self.capture is not None:
+            self.capture[f"layer{self.layer}.{name}"] = value.detach()
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, Hkv, T, D] -> [B, Hkv * n_rep, T, D]; query head h reads kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, need_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(d)) v, causal, for queries that are the LAST Tq of the Tk positions.
+
+    q [B, H, Tq, D]; k, v [B, Hkv, Tk, D] (v may already have H heads). Uses SDPA unless the caller needs the weights
+    (analyses, the MLP boosting gate), in which case the T x T matrix is formed explicitly.
+    """
+    k, v = repeat_kv(k, q.size(1) // k.size(1)), repeat_kv(v, q.size(1) // v.size(1))
+    tq, tk = q.size(2), k.size(2)
+    if need_weights:
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return F.dropout(weights, dropout_p) @ v, weights
+    if tq == tk:  # full sequence: nanoGPT's exact call
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True), None
+    if tq == 1:  # one new token sees every cached position
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-query) causal self-attention with a fused QKV projection."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, int(config.n_kv_head or config.n_head)
+        self.n_embd, self.kv_dim, self.head_dim = config.n_embd, config.kv_dim, config.head_dim
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.hooks = attach(self, config, "attn")
+        self.core_hook = self.hooks["core"][0] if self.hooks["core"] else None
+        self.need_round0_weights = any(getattr(p, "needs_weights", False) for p in self.hooks["rounds"])
+
+    def split_qkv(self, x: torch.Tensor, proj: nn.Linear) -> tuple[torch.Tensor, ...]:
+        """Apply a fused QKV projection and split it into q [B,T,E], k and v [B,T,kv_dim]."""
+        return proj(x).split([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
+
+    def heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.head_dim).transpose(1, 2)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context, slot: str,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One attention round: heads, RoPE, cache, softmax(QK^T)V; returns [B, T, E] and weights."""
+        b, t, _ = q.shape
+        q, k, v = self.heads(q, self.n_head), self.heads(k, self.n_kv_head), self.heads(v, self.n_kv_head)
+        if ctx.rotary is not None:
+            q, k = ctx.rotary(q, ctx.start), ctx.rotary(k, ctx.start)
+        cache = ctx.layer_cache
+        if cache is not None:
+            k, v = cache.extend(f"{slot}.k", k), cache.extend(f"{slot}.v", v)
+        need_weights = need_weights or ctx.capture is not None
+        dropout_p = self.dropout if self.training else 0.0
+        if self.core_hook is not None:
+            y, w = self.core_hook.core(q, k, v, ctx, slot, dropout_p, need_weights)
+        else:
+            y, w = attention(q, k, v, dropout_p, need_weights)
+        if ctx.capture is not None:
+            ctx.keep(f"{slot}.weights", w)
+            ctx.keep(f"{slot}.v", repeat_kv(v, self.n_head // self.n_kv_head))
+            ctx.keep(f"{slot}.out", y)
+        return y.transpose(1, 2).contiguous().view(b, t, self.n_embd), w
+
+    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        q, k, v = self.split_qkv(x, self.c_attn)
+        for part in self.hooks["qkv"]:
+            q, k, v = part.adjust_qkv(x, q, k, v, ctx)
+        y, w0 = self.attend(q, k, v, ctx, "r0", self.need_round0_weights)
+        for part in self.hooks["rounds"]:
+            y = part.add_rounds(x, y, w0, self, ctx)
+        for part in self.hooks["output"]:
+            y = part.adjust_output(y, ctx)
+        return self.resid_dropout(self.c_proj(y))

@@ -1,0 +1,100 @@
+"""Sampling: temperature, top-k, top-p (nucleus), EOS, and a KV cache for every mechanism.
+
+The cache is exact because every mechanism's per-token state depends only on positions <= t.
+Once the context outgrows block_size the model sees a sliding window whose absolute positions
+shift every step, so from then on each step recomputes the cropped window (as nanoGPT does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from attnlab.model.attention import KVCache
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Mask all but the top-k logits and the smallest set whose probability reaches top_p."""
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and 0.0 < top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next token ids [B, 1] from last-position logits [B, V]; temperature 0 means greedy."""
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = filter_logits(logits / temperature, top_k, top_p)
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
+
+
+def stream(
+    model: torch.nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield each new token column [B, 1]; stops early once every row has produced EOS."""
+    block_size = model.config.block_size
+    cache: KVCache | None = None
+    done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+    for _ in range(max_new_tokens):
+        if use_cache and idx.size(1) <= block_size:
+            if cache is None:
+                cache = model.new_cache()
+                logits, _ = model(idx, cache=cache)
+            else:
+                logits, _ = model(idx[:, -1:], cache=cache)
+        else:
+            cache = None
+            logits, _ = model(idx[:, -block_size:])
+        nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+        if eos_token_id is not None:
+            nxt = torch.where(done[:, None], torch.full_like(nxt, eos_token_id), nxt)
+            done |= nxt[:, 0] == eos_token_id
+        idx = torch.cat([idx, nxt], dim=1)
+        yield nxt
+        if eos_token_id is not None and bool(done.all()):
+            return
+
+
+def generate(
+    model: torch.nn.Module,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """The prompt followed by up to max_new_tokens sampled tokens (see ``stream`` for options)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = [idx]
+            for nxt in stream(model, idx, max_new_tokens, **kwargs):
+                out.append(nxt)
+                if on_token is not None:
+                    on_token(nxt)
+        return torch.cat(out, dim=1)
+    finally:
+        model.train(was_training)

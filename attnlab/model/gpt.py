@@ -1,0 +1,176 @@
+"""The one backbone: nanoGPT's GPT, with components chosen by config and mechanisms as plug-ins.
+
+With every mechanism off and nanoGPT's components (LayerNorm, learned positions, GELU MLP,
+Pre-LN) the modules are created in nanoGPT's order and initialised with its scheme, so under the
+same ``torch.manual_seed`` the state_dict, logits, loss and gradients are bit-identical to
+karpathy/nanoGPT's model.py (tests/test_nanogpt_fixtures.py checks this against its own numbers).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.model.attention import CausalSelfAttention, Context, KVCache
+from attnlab.model.layers import Rotary, make_mlp, make_norm
+from attnlab.model.mechanisms import attach
+
+
+class Block(nn.Module):
+    """Attention then one or two feed-forward sub-layers, each with its own residual."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = make_mlp(config)
+        if config.ffn_sublayers == 2:  # the QKVE seed's "deep SwiGLU"
+            self.ln_3 = make_norm(config)
+            self.mlp2 = make_mlp(config)
+        self.hooks = attach(self, config, "block")
+
+    def _ffn_input(self, h: torch.Tensor, ctx: Context) -> torch.Tensor:
+        for part in self.hooks["state"]:
+            part.update_state(h, ctx)
+        for part in self.hooks["mlp_input"]:
+            h = part.adjust_mlp_input(h, ctx)
+        return h
+
+    def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.attn(self.ln_1(x), ctx)
+            x = x + self.mlp(self._ffn_input(self.ln_2(x), ctx))
+            if hasattr(self, "mlp2"):
+                x = x + self.mlp2(self.ln_3(x))
+            return x
+        # Post-LN (original Transformer): normalise after each residual add
+        x = self.ln_1(x + self.attn(x, ctx))
+        x = self.ln_2(x + self.mlp(self._ffn_input(x, ctx)))
+        if hasattr(self, "mlp2"):
+            x = self.ln_3(x + self.mlp2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """A decoder-only language model; ``forward(idx, targets)`` returns ``(logits, loss)``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        modules: dict[str, nn.Module] = {"wte": nn.Embedding(config.vocab_size, config.n_embd)}
+        if config.pos == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        modules["drop"] = nn.Dropout(config.dropout)
+        modules["h"] = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        modules["ln_f"] = make_norm(config)
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            # nanoGPT ties this way round; its init then draws wte's values a second time via lm_head
+            self.transformer.wte.weight = self.lm_head.weight
+        self.rotary = (
+            Rotary(config.head_dim, config.block_size, config.rope_theta) if config.pos == "rope" else None
+        )
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        for module in self.modules():
+            if hasattr(module, "init_weights"):
+                module.init_weights()
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count (shared tensors once); nanoGPT subtracts the position table by default."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        stats: dict[str, torch.Tensor] | None = None,
+        capture: dict[str, Any] | None = None,
+        all_logits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits for every position when ``targets`` are given (or ``all_logits``), else the last.
+
+        ``cache`` continues a KV-cached sequence; ``stats`` collects mechanism statistics;
+        ``capture`` collects attention weights and per-round outputs for analyses.
+        """
+        _, t = idx.size()
+        start = cache.length if cache is not None else 0
+        if start + t > self.config.block_size:
+            raise ValueError(f"cannot forward {start + t} positions, block_size is {self.config.block_size}")
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:
+            pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
+            x = x + self.transformer.wpe(pos)
+        x = self.transformer.drop(x)
+        ctx = Context(start=start, cache=cache, rotary=self.rotary, stats=stats, capture=capture)
+        for i, block in enumerate(self.transformer.h):
+            ctx.layer = i
+            x = block(x, ctx)
+        if cache is not None:
+            cache.length += t
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            return logits, loss
+        # inference: only the last position's logits unless asked (a list index keeps the time dim)
+        return self.lm_head(x if all_logits else x[:, [-1], :]), None
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.n_layer, self.config.block_size)
+
+    def configure_optimizers(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+    ) -> torch.optim.AdamW:
+        """AdamW with nanoGPT's groups: matrices and embeddings decay, biases and norms don't."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6N for the matmuls plus 12 L H T Dh for attention (PaLM app. B).
+
+        Extra attention rounds (boosting, twicing) each add another attention term.
+        """
+        cfg = self.config
+        t = seq_len or cfg.block_size
+        rounds = cfg.boost_rounds + (1 if cfg.twicing else 0)
+        attn = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * t * rounds
+        return 6 * self.get_num_params(non_embedding=True) + attn
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
+        """Sample continuations; see attnlab.model.generation.generate for the options."""
+        from attnlab.model.generation import generate
+
+        return generate(self, idx, max_new_tokens, **kwargs)

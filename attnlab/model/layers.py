@@ -1,0 +1,100 @@
+"""Backbone building blocks: norms, feed-forward layers and rotary embeddings.
+
+Module and parameter names follow nanoGPT (``c_fc``, ``c_proj``, ``weight``/``bias``) so that
+checkpoints line up and the ``c_proj.weight`` scaled init applies to every residual projection.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.config import ModelConfig
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1; nanoGPT's own class)."""
+
+    def __init__(self, ndim: int, bias: bool, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (no centring, no bias), as in the QKVE backbone."""
+
+    def __init__(self, ndim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    eps = float(config.norm_eps or 1e-5)
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, eps)
+    return LayerNorm(config.n_embd, config.bias, eps)
+
+
+class MLP(nn.Module):
+    """nanoGPT's feed-forward: Linear -> exact GELU -> Linear."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d_ffn = int(config.d_ffn or 4 * config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, d_ffn, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class SwiGLU(nn.Module):
+    """SiLU-gated feed-forward. Gate and up projections are fused into one matmul (``c_fc``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.d_ffn = int(config.d_ffn or 4 * config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 2 * self.d_ffn, bias=config.bias)
+        self.c_proj = nn.Linear(self.d_ffn, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.c_fc(x).split(self.d_ffn, dim=-1)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+
+def make_mlp(config: ModelConfig) -> nn.Module:
+    return SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding tables (rotate-half convention) up to block_size positions."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        # non-persistent: derived from the config, so not part of the state_dict
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Rotate x [B, H, T, D] whose first position is ``start``."""
+        t = x.size(-2)
+        cos = self.cos[start : start + t].to(x.dtype)
+        sin = self.sin[start : start + t].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -1,0 +1,88 @@
+"""K/V-bias purpose state (seed kv-bias-purpose-state).
+
+A per-token state M flows down the blocks. Each block's attention adds ``W_kvm(M_prev)`` to its
+keys and values (Q, the softmax and the causal mask are untouched), and after the attention
+residual a GRU-style gate on h = ln_2(x) (the same tensor the MLP reads) blends in a candidate:
+
+    g, c = sigmoid/tanh of W_gm(h) split in two;   M_new = g * M_prev + (1 - g) * c
+
+M starts as zeros at block 0 and the last block's M is discarded, so block 0's W_kvm and the last
+block's W_gm get zero gradient (kept, as in the reference fork, so AdamW's decay matches it).
+M depends only on its own token, which makes caching K' and V' exact.
+
+``m_inject`` reruns the seed's failed attempts: "output_mul" multiplies the attention output by
+M (a signal destroyer at init, M ~ 0); "mlp_input" adds M to the MLP input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.model.mechanisms import Part
+
+
+def previous_m(like: torch.Tensor, ctx) -> torch.Tensor:
+    """The purpose state entering this block: zeros at block 0."""
+    m = ctx.state.get("M")
+    return torch.zeros_like(like) if m is None else m
+
+
+class KVBias(nn.Linear):
+    """attn.W_kvm: M_prev -> (k bias, v bias)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config.n_embd, 2 * config.kv_dim, bias=config.bias)
+        self.kv_dim, self.detached = config.kv_dim, config.m_gate_detached
+
+    def adjust_qkv(self, x, q, k, v, ctx):
+        m = previous_m(x, ctx)
+        if self.detached:  # the seed's ablation: no gradient flows back into M from here
+            m = m.detach()
+        km, vm = self(m).split(self.kv_dim, dim=2)
+        return q, k + km, v + vm
+
+
+class PurposeGate(nn.Linear):
+    """W_gm at block level: GRU-style update of M from the MLP input h."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config.n_embd, 2 * config.n_embd, bias=config.bias)
+        self.n_embd = config.n_embd
+
+    def update_state(self, h: torch.Tensor, ctx) -> None:
+        m_prev = previous_m(h, ctx)
+        g_pre, c_pre = self(h).split(self.n_embd, dim=2)
+        g = torch.sigmoid(g_pre)
+        ctx.state["M"] = g * m_prev + (1 - g) * torch.tanh(c_pre)
+        if ctx.stats is not None:
+            ctx.record("m_gate_mean", g.mean())
+            ctx.record("m_gate_std", g.std())
+
+
+class OutputMul(nn.Module):
+    """Failed attempt: y := y * M on the attention output (before c_proj)."""
+
+    def adjust_output(self, y: torch.Tensor, ctx) -> torch.Tensor:
+        return y * previous_m(y, ctx)
+
+
+class MLPInput(nn.Module):
+    """Failed attempt: M added to the MLP input."""
+
+    def adjust_mlp_input(self, h: torch.Tensor, ctx) -> torch.Tensor:
+        return h + previous_m(h, ctx)
+
+
+def parts(config: ModelConfig) -> list[Part]:
+    if not config.use_m_gate:
+        return []
+    # the gate reads M_prev, so the injection that also reads it must run first: hooks of one
+    # block run attention (qkv/output) before the state update, and mlp_input before it too
+    injected = {
+        "kv": Part("attn", "W_kvm", ("qkv",), lambda: KVBias(config)),
+        "output_mul": Part("attn", "m_output_mul", ("output",), OutputMul),
+        "mlp_input": Part("block", "m_mlp_input", ("mlp_input",), MLPInput),
+    }[config.m_inject]
+    return [injected, Part("block", "W_gm", ("state",), lambda: PurposeGate(config))]

@@ -1,0 +1,32 @@
+"""Twicing attention (Abdullaev & Nguyen, ICLR 2025): (2A - A^2) V per head, no new parameters.
+
+(2A - A^2) V = A (2V - AV), so instead of forming A^2 we run a second attention pass (same
+scores, through SDPA) over u = 2V - AV. u_j depends only on positions <= j, so it is cached per
+token like K and V and cached decoding stays exact. Causal A stays causal.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.model.attention import attention, repeat_kv
+from attnlab.model.mechanisms import Part
+
+
+class Twicing(nn.Module):
+    """Replaces the attention core; keeps the caller's softmax(QK^T) for both passes."""
+
+    def core(self, q, k, v, ctx, slot, dropout_p, need_weights):
+        y1, w = attention(q, k, v, dropout_p, need_weights)
+        t = q.size(2)
+        u = 2 * repeat_kv(v[:, :, -t:], q.size(1) // v.size(1)) - y1
+        cache = ctx.layer_cache
+        if cache is not None:
+            u = cache.extend(f"{slot}.twice", u)
+        y, _ = attention(q, k, u, dropout_p)
+        return y, (None if w is None else 2 * w - w @ w)
+
+
+def parts(config: ModelConfig) -> list[Part]:
+    return [Part("attn", "twicing", ("core",), Twicing)] if config.twicing else []

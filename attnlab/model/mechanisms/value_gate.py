@@ -1,0 +1,40 @@
+"""QKVE value gate (seed qkve-value-gate): V_mod = V * (1 + tanh(x W_E)).
+
+W_E is shaped like W_V (n_embd -> n_kv_head * head_dim), so with GQA it gates the shared value
+heads. The multiplier lies in (0, 2): it can damp or amplify a value channel but never flip its
+sign, and a gate of 0 (``value_gate_init="zero"``) is exact pass-through at initialisation.
+When composed with the K/V bias the gate multiplies the biased values.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.model.mechanisms import Part
+
+
+class ValueGate(nn.Linear):
+    """attn.W_E: the value-gate projection."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config.n_embd, config.kv_dim, bias=config.bias)
+        self.zero_init = config.value_gate_init == "zero"
+
+    def init_weights(self) -> None:
+        if self.zero_init:
+            nn.init.zeros_(self.weight)
+            if self.bias is not None:
+                nn.init.zeros_(self.bias)
+
+    def adjust_qkv(self, x, q, k, v, ctx):
+        gate = 1 + torch.tanh(self(x))
+        if ctx.stats is not None:
+            ctx.record("value_gate_mean", gate.mean())
+            ctx.record("value_gate_std", gate.std())
+        return q, k, v * gate
+
+
+def parts(config: ModelConfig) -> list[Part]:
+    return [Part("attn", "W_E", ("qkv",), lambda: ValueGate(config))] if config.value_gate else []

@@ -1,0 +1,144 @@
+"""`prepare` / `load_dataset` through the Python API and the `attnlab prepare` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab.data.prepare import default_data_dir, load_dataset, prepare
+from attnlab.errors import AttnlabError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("one", "two"):
+        lines = (f"{name}: line {i}, to be or not to be\n" for i in range(20))
+        (folder / f"{name}.txt").write_text("".join(lines))
+    return folder
+
+
+def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ATTNLAB_HOME": str(home), "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", "prepare", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_prepare_and_load_tiny_corpus(tmp_path, tiny_corpus: Path, tokenizer: str) -> None:
+    vocab_size = 40 if tokenizer == "bpe" else None
+    out = prepare([str(tiny_corpus)], tokenizer, vocab_size, tmp_path / "data")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "meta.json",
+        "tokenizer.json",
+        "train.bin",
+        "val.bin",
+    ]
+    ds = load_dataset(out)
+    assert ds.meta["tokenizer"] == tokenizer and ds.meta["dtype"] == "uint16"
+    assert ds.meta["vocab_size"] == ds.tokenizer.vocab_size
+    assert len(ds.train) == ds.meta["train_tokens"] and len(ds.val) == ds.meta["val_tokens"]
+    assert [d["title"] for d in ds.meta["provenance"]["documents"]] == ["one.txt", "two.txt"]
+    val_text = ds.tokenizer.decode(np.asarray(ds.val).tolist())
+    if tokenizer == "char":
+        assert (
+            val_text
+            == "one: line 18, to be or not to be\none: line 19, to be or not to be\n\n"
+            + ("two: line 18, to be or not to be\ntwo: line 19, to be or not to be\n")
+        )
+    assert "line 18" in val_text and "line 17" not in val_text
+
+
+def test_prepare_replaces_only_prepared_folders(tmp_path, tiny_corpus: Path) -> None:
+    out = prepare([str(tiny_corpus)], out=tmp_path / "data")
+    prepare([str(tiny_corpus)], out=out, val_fraction=0.2)  # replacing our own folder is fine
+    assert json.loads((out / "meta.json").read_text())["provenance"]["val_fraction"] == 0.2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    with pytest.raises(AttnlabError, match="not a prepared data folder"):
+        prepare([str(tiny_corpus)], out=tmp_path / "precious")
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+
+
+def test_default_dirs_follow_attnlab_home(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path))
+    assert default_data_dir() == tmp_path / "data" / "shakespeare-char"
+    assert default_data_dir("bpe") == tmp_path / "data" / "shakespeare-bpe16384"
+    with pytest.raises(AttnlabError, match="bpe tokenizer only"):
+        default_data_dir("char", 100)
+    with pytest.raises(AttnlabError, match="--out"):
+        prepare(["some/folder"])
+
+
+def test_load_dataset_default_prepares_the_embedded_corpus_once(
+    monkeypatch, tmp_path, capsys
+) -> None:
+    monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path))
+    ds = load_dataset()
+    assert "preparing the embedded Shakespeare corpus" in capsys.readouterr().err
+    assert ds.dir == tmp_path / "data" / "shakespeare-char"
+    assert ds.meta["provenance"]["name"] == "shakespeare" and ds.tokenizer.kind == "char"
+    assert 0.09 < len(ds.val) / (len(ds.train) + len(ds.val)) < 0.11
+    assert ds.tokenizer.decode(ds.train[:9].tolist()) == "ALL'S WEL"
+    load_dataset()
+    assert capsys.readouterr().err == ""  # second use loads what is there
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "val.bin").unlink(), r"val\.bin: token file not found"),
+        (lambda d: (d / "meta.json").write_text("{"), r"meta\.json: unreadable"),
+        (lambda d: (d / "tokenizer.json").unlink(), r"tokenizer\.json: tokenizer file not found"),
+        (lambda d: (d / "train.bin").write_bytes(b"\xff\xff"), r"train\.bin: token id 65535"),
+    ],
+)
+def test_load_dataset_names_missing_or_corrupt_files(
+    tmp_path, tiny_corpus: Path, damage, message: str
+) -> None:
+    out = prepare([str(tiny_corpus)], out=tmp_path / "data")
+    damage(out)
+    with pytest.raises(AttnlabError, match=message):
+        load_dataset(out)
+
+
+def test_cli_prepare_prints_a_summary(tmp_path, tiny_corpus: Path) -> None:
+    result = cli("--corpus", str(tiny_corpus), "--out", str(tmp_path / "d"), home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "custom (2 documents)" in result.stdout and "char vocab" in result.stdout
+    assert str(tmp_path / "d") in result.stdout
+    assert (tmp_path / "d" / "meta.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "no such file"), (b"", "empty corpus"), (b"\xff\xfe bad\n", "not UTF-8")],
+)
+def test_bad_corpus_is_one_line_error(tmp_path, content: bytes | None, message: str) -> None:
+    path = tmp_path / "input.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(AttnlabError, match=message):
+        prepare([str(path)], out=tmp_path / "api")
+    result = cli("--corpus", str(path), "--out", str(tmp_path / "d"), home=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert (
+        result.stderr.count("\n") == 1 and str(path) in result.stderr and message in result.stderr
+    )
+    assert not (tmp_path / "d").exists() and not (tmp_path / "api").exists()

@@ -1,0 +1,111 @@
+"""Synthetic retrieval: analytic baselines, trained models, determinism and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnlab.eval.retrieval import (
+    Converged,
+    bayes_accuracy,
+    make_patterns,
+    run_retrieval,
+    sample_queries,
+)
+
+
+def test_bayes_matches_paper_ceiling() -> None:
+    # The ceiling depends on the drawn pattern set; average a few to compare with 80.7.
+    accs = []
+    for seed in range(4):
+        patterns = make_patterns(4, 16, torch.Generator().manual_seed(seed))
+        q, labels = sample_queries(patterns, 50_000, 0.5, torch.Generator().manual_seed(99))
+        accs.append(bayes_accuracy(patterns, q, labels, 0.5))
+    assert sum(accs) / len(accs) == pytest.approx(80.7, abs=2.5)
+
+
+def test_random_is_one_over_k() -> None:
+    assert run_retrieval(8, 5, 0.5, ["random"]) == {"random": 20.0}
+
+
+def test_one_step_beats_chance_and_converged_collapses() -> None:
+    methods = ["random", "bayes", "one-step", "converged-backprop"]
+    r = run_retrieval(16, 4, 0.5, methods, queries=2000, steps=100)
+    assert r["one-step"] > r["random"] + 30
+    assert r["one-step"] <= r["bayes"] + 3
+    assert r["converged-backprop"] < r["random"] + 10
+
+
+def test_boosted_with_one_round_is_one_step() -> None:
+    kwargs = {"queries": 500, "steps": 10}
+    one = run_retrieval(8, 4, 0.5, ["one-step"], **kwargs)["one-step"]
+    assert run_retrieval(8, 4, 0.5, ["boosted"], rounds=1, **kwargs)["boosted"] == one
+
+
+def test_deterministic_for_a_seed() -> None:
+    kwargs = {"methods": ["bayes", "boosted", "converged-deq"], "queries": 500, "steps": 10}
+    a = run_retrieval(8, 4, 0.5, seed=3, **kwargs)
+    assert a == run_retrieval(8, 4, 0.5, seed=3, **kwargs)
+    assert a != run_retrieval(8, 4, 0.5, seed=4, **kwargs)
+
+
+def test_deq_implicit_gradient_matches_backprop_at_a_contraction() -> None:
+    # At initialisation the update is a strong contraction, so 20 unrolled steps reach the
+    # fixed point and the implicit gradient must equal the unrolled one.
+    patterns = make_patterns(4, 8, torch.Generator().manual_seed(0))
+    q, labels = sample_queries(patterns, 64, 0.5, torch.Generator().manual_seed(1))
+    grads = []
+    for deq in (False, True):
+        torch.manual_seed(0)
+        model = Converged(8, deq=deq)
+        out, _ = model(q, patterns)
+        ((out - patterns[labels]) ** 2).sum().backward()
+        grads.append(model.step.W_v.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", "retrieval", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_json() -> None:
+    proc = _cli(
+        "--d",
+        "8",
+        "--patterns",
+        "4",
+        "--methods",
+        "random,bayes,one-step",
+        "--queries",
+        "300",
+        "--steps",
+        "5",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) == {"random", "bayes", "one-step"}
+    assert out["random"] == 25.0
+
+
+def test_cli_bad_method_is_one_clean_line() -> None:
+    proc = _cli("--methods", "random,oracle")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "oracle" in lines[0] and "one-step" in lines[0]
+
+
+@pytest.mark.slow
+def test_table2_smallest_setting_in_shape() -> None:
+    r = run_retrieval(16, 4, 0.5, ["random", "bayes", "one-step", "converged-deq", "boosted"])
+    assert r["converged-deq"] < r["random"] + 5
+    assert r["random"] + 40 < r["one-step"] <= r["bayes"] + 2
+    assert r["boosted"] > r["one-step"] - 2
