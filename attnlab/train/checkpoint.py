@@ -1,0 +1,206 @@
+"""Checkpoints as HF-style folders, written atomically and loaded without running pickled code.
+
+A checkpoint folder holds ``config.json`` (the ModelConfig), ``model.safetensors``,
+``tokenizer.json`` and, for a run's checkpoints, ``train_config.json`` and ``trainer_state.pt``
+(optimizer, iteration, RNG and sampler state; tensors and plain containers only, so it loads
+with ``torch.load(weights_only=True)``).
+
+Atomic swap: everything is written and fsync'ed into a hidden temporary folder; the previous
+folder is renamed aside, the new one renamed into place, and only then is the old one deleted.
+A crash at any moment leaves either the old or the new folder complete; if it strikes between
+the two renames, ``checkpoint_dir`` finds the old one under its aside name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import ModelConfig, TrainConfig
+from attnlab.errors import AttnlabError
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+BIN_WEIGHTS = "pytorch_model.bin"
+TOKENIZER = "tokenizer.json"
+TRAIN_CONFIG = "train_config.json"
+TRAINER_STATE = "trainer_state.pt"
+ASIDE = ".old"
+
+
+def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict to save: tied lm_head dropped (it is wte), tensors contiguous and on CPU."""
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in [*folder.iterdir(), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
+    """config.json + model.safetensors (+ tokenizer.json) into an existing folder."""
+    from safetensors.torch import save_file
+
+    (folder / CONFIG).write_text(model.config.to_json())
+    save_file(model_state_dict(model), str(folder / WEIGHTS), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save(folder / TOKENIZER)
+
+
+def save_checkpoint(
+    folder: str | Path,
+    model: torch.nn.Module,
+    tokenizer: Any | None = None,
+    train_config: TrainConfig | None = None,
+    trainer_state: dict[str, Any] | None = None,
+) -> Path:
+    """Atomically (re)write ``folder`` as a checkpoint; an error leaves the old one intact."""
+    folder = Path(folder)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        write_model_folder(tmp, model, tokenizer)
+        if train_config is not None:
+            (tmp / TRAIN_CONFIG).write_text(train_config.to_json())
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / TRAINER_STATE)
+        _fsync_tree(tmp)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AttnlabError(f"could not write checkpoint {folder} ({e.strerror or e}); "
+                           "the previous checkpoint is intact") from e
+    aside = folder.parent / f"{folder.name}{ASIDE}"
+    if folder.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(folder, aside)
+    os.replace(tmp, folder)
+    shutil.rmtree(aside, ignore_errors=True)
+    return folder
+
+
+def checkpoint_dir(folder: str | Path) -> Path | None:
+    """The complete checkpoint at ``folder``, or its aside copy if a crash hit mid-swap."""
+    folder = Path(folder)
+    for candidate in (folder, folder.parent / f"{folder.name}{ASIDE}"):
+        if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
+            return candidate
+    return None
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = folder / WEIGHTS
+    if path.is_file():
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise AttnlabError(f"{path} is truncated or corrupted ({e})") from None
+    path = folder / BIN_WEIGHTS
+    if path.is_file():
+        return safe_torch_load(path)
+    raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
+
+
+def safe_torch_load(path: str | Path) -> Any:
+    """torch.load that refuses anything but tensors and plain containers (never runs code)."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AttnlabError(f"{path} refused: it is not a plain weights file ({first})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
+
+
+def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
+    """load_state_dict listing every missing and unexpected key in one error."""
+    expected = model.state_dict()
+    if getattr(model.config, "tie_embeddings", False):
+        expected.pop("lm_head.weight", None)
+        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in sd.items()}
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+              if k in sd and sd[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"missing keys: {', '.join(missing)}" if missing else "",
+                 f"unexpected keys: {', '.join(unexpected)}" if unexpected else "",
+                 f"shape mismatches: {'; '.join(shapes)}" if shapes else ""]
+        raise AttnlabError(f"{source} does not fit the model: " + "; ".join(p for p in parts if p))
+    model.load_state_dict(sd, strict=False)
+
+
+def read_model_config(folder: Path) -> ModelConfig:
+    path = folder / CONFIG
+    if not path.is_file():
+        raise AttnlabError(f"{folder} is not a model folder (no {CONFIG})")
+    try:
+        return ModelConfig.from_json(path)
+    except ValueError as e:
+        raise AttnlabError(f"{path}: {e}") from None
+
+
+def model_folder(path: str | Path) -> Path:
+    """A model folder from a run folder (best/, else latest/) or a model folder itself."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise AttnlabError(f"{path} does not exist")
+    for candidate in (path, path / "best", path / "latest"):
+        found = checkpoint_dir(candidate)
+        if found is not None:
+            return found
+    if (path / CONFIG).is_file() and (path / BIN_WEIGHTS).is_file():
+        return path
+    raise AttnlabError(f"{path} holds no checkpoint (expected {CONFIG} and {WEIGHTS}, or best/ or latest/)")
+
+
+def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
+    """(model in eval mode, tokenizer or None) from a model folder or a run folder."""
+    from attnlab.data.tokenizer import Tokenizer
+    from attnlab.model import GPT
+
+    folder = model_folder(path)
+    config = read_model_config(folder)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device=device)
+    load_weights_strict(model, read_weights(folder), str(folder))
+    if config.tie_embeddings:
+        model.lm_head.weight = model.transformer.wte.weight
+    if model.rotary is not None:  # non-persistent buffers are not in the file: rebuild them
+        from attnlab.model.layers import Rotary
+
+        model.rotary = Rotary(config.head_dim, config.block_size, config.rope_theta).to(device)
+    tokenizer = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
+    return model.eval(), tokenizer
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    return safe_torch_load(folder / TRAINER_STATE)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)

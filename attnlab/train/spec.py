@@ -1,0 +1,82 @@
+"""From a preset, a TOML file and `key=value` overrides to (ModelConfig, TrainConfig, data folder).
+
+Later sources win: preset < TOML file < command-line overrides. A TOML file may name a
+``preset`` and a ``data`` folder, and hold ``[model]`` / ``[train]`` tables or flat keys.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import ModelConfig, TrainConfig, split_overrides
+from attnlab.errors import AttnlabError
+from attnlab.presets import get_preset
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_PRESET = "shakespeare-char"
+
+
+@dataclass
+class RunSpec:
+    model: ModelConfig
+    train: TrainConfig
+    data_dir: Path | None  # None: the embedded char corpus
+    vocab_from_data: bool  # True unless a preset, file or override fixed vocab_size
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise AttnlabError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise AttnlabError(f"config file {path} is not valid TOML ({e})") from None
+
+
+def _flatten(table: dict[str, Any]) -> list[str]:
+    """TOML values back to `key=value` strings so one router validates every source."""
+    import json
+
+    return [f"{k}={json.dumps(v)}" for k, v in table.items()]
+
+
+def resolve(
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    data: str | Path | None = None,
+) -> RunSpec:
+    """Merge the sources, validate, and find the data folder the preset expects."""
+    file_data = read_toml(config_file) if config_file else {}
+    preset_name = preset or file_data.pop("preset", None) or DEFAULT_PRESET
+    file_data.pop("preset", None)
+    data = data or file_data.pop("data", None)
+    p = get_preset(preset_name)
+    pairs = _flatten(file_data.pop("model", {})) + _flatten(file_data.pop("train", {})) + _flatten(file_data)
+    model_over, train_over = split_overrides(pairs + list(overrides or []))
+    model = ModelConfig.from_dict({**p.model, **model_over})
+    train = TrainConfig.from_dict({**p.train, **train_over})
+    vocab_from_data = "vocab_size" not in p.model and "vocab_size" not in model_over
+    data_dir = Path(data).expanduser() if data else default_data_for(p.data)
+    return RunSpec(model, train, data_dir, vocab_from_data)
+
+
+def default_data_for(data_spec: dict[str, Any]) -> Path | None:
+    """The embedded corpus prepared the way a preset needs (char unless it says bpe)."""
+    if data_spec.get("tokenizer", "char") == "char":
+        return None
+    from attnlab.data.prepare import default_data_dir, prepare
+
+    folder = default_data_dir(data_spec["tokenizer"], data_spec.get("vocab_size"))
+    if not (folder / "meta.json").is_file():
+        print(f"attnlab: preparing the embedded corpus ({data_spec}) in {folder}", file=sys.stderr)
+        prepare(tokenizer=data_spec["tokenizer"], vocab_size=data_spec.get("vocab_size"), out=folder)
+    return folder

@@ -1,0 +1,407 @@
+"""The training loop: nanoGPT's recipe, made resumable, paired and observable.
+
+Random streams are separate so that variants compare fairly: ``torch.manual_seed(seed)`` before
+building the model (nanoGPT's init), the data sampler's own generator (same batches whatever the
+model), fixed validation batches from ``eval_seed`` (identical across runs and evals), and the
+global RNG for dropout, saved in every checkpoint. Interrupted and resumed on CPU, a run ends
+bit-identical to one never interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import ModelConfig, TrainConfig
+from attnlab.errors import AttnlabError
+from attnlab.train import checkpoint as ckpt
+from attnlab.train import distributed
+
+METRIC_COLUMNS = ["iter", "train_loss", "val_loss", "lr", "tokens_per_s", "step_ms", "elapsed_s", "grad_norm"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" picks cuda, then mps, then cpu."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA when supported ("auto"); full precision elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return None if name == "float32" else getattr(torch, name)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated memory on CUDA, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+    except ImportError:  # Windows
+        return float("nan")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Versions, device, git commit and command line, for env.json."""
+    import numpy
+
+    import attnlab
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(attnlab.__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "attnlab": attnlab.__version__, "python": platform.python_version(), "torch": torch.__version__,
+        "numpy": numpy.__version__, "platform": platform.platform(), "device": str(device),
+        "threads": torch.get_num_threads(), "git_commit": commit, "command": sys.argv,
+    }
+
+
+class MetricsLog:
+    """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.csv"
+        self.columns: list[str] | None = None
+        if self.path.is_file():
+            with self.path.open() as f:
+                self.columns = next(csv.reader(f), None)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def truncate_after(self, it: int) -> None:
+        """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
+        if not self.path.is_file():
+            return
+        with self.path.open() as f:
+            rows = list(csv.reader(f))
+        kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= it]
+        with self.path.open("w", newline="") as f:
+            csv.writer(f).writerows(kept)
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.columns is None:
+            self.columns = METRIC_COLUMNS + sorted(k for k in row if k not in METRIC_COLUMNS)
+            with self.path.open("w", newline="") as f:
+                csv.writer(f).writerow(self.columns)
+        with self.path.open("a", newline="") as f:
+            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in self.columns])
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
+                    self.writer.add_scalar(key, value, row["iter"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint must hold to continue exactly where it stopped."""
+
+    iter: int = 0
+    best_val: float = math.inf
+    bad_steps: int = 0
+    skipped_steps: int = 0
+    train_seconds: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)  # (iter, val_loss) of each eval
+
+
+class Trainer:
+    """Train a GPT in ``run_dir``; ``run(until)`` can stop early and ``resume=True`` continues.
+
+    On resume the run's saved configs are used; ``resume_overrides`` may change training fields
+    (a longer ``max_iters``, say) but not the model.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model_config: ModelConfig | None = None,
+        train_config: TrainConfig | None = None,
+        data_dir: str | Path | None = None,
+        resume: bool = False,
+        resume_overrides: dict[str, Any] | None = None,
+        vocab_from_data: bool = True,
+        quiet: bool = False,
+    ) -> None:
+        from attnlab.data.bins import BatchSampler, fixed_batches
+        from attnlab.data.prepare import load_dataset
+        from attnlab.model import GPT
+
+        self.run_dir = Path(run_dir)
+        self.quiet = quiet
+        saved = self._read_run_config() if resume else None
+        if saved is not None:
+            model_config = ModelConfig.from_dict(saved["model"])
+            train_config = TrainConfig.from_dict({**saved["train"], **(resume_overrides or {})})
+            data_dir = saved["data"]
+        if model_config is None or train_config is None:
+            raise AttnlabError("a new run needs a model config and a train config")
+        self.data = load_dataset(data_dir)
+        data_vocab = int(self.data.meta["vocab_size"])
+        if vocab_from_data and saved is None:
+            model_config = model_config.replace(vocab_size=data_vocab)
+        if model_config.vocab_size < data_vocab:
+            raise AttnlabError(f"vocab_size={model_config.vocab_size} is smaller than the data's {data_vocab}")
+        self.model_config, self.cfg = model_config, train_config
+        self.device = resolve_device(train_config.device)
+        self.dist = distributed.setup(self.device.type)
+        if self.device.type == "cuda" and self.dist.enabled:
+            self.device = torch.device("cuda", self.dist.local_rank)
+
+        torch.manual_seed(train_config.seed)  # nanoGPT's init stream
+        self.model = GPT(model_config).to(self.device)
+        self.optimizer = self.model.configure_optimizers(
+            train_config.weight_decay, train_config.learning_rate,
+            (train_config.beta1, train_config.beta2), self.device.type)
+        block = model_config.block_size
+        self.sampler = BatchSampler(self.data.train, block, train_config.batch_size, train_config.seed,
+                                    self.dist.rank, self.dist.world_size, self.device)
+        self.val_batches = fixed_batches(self.data.val, block, train_config.batch_size,
+                                         train_config.eval_iters, train_config.eval_seed, self.device)
+        self.state = TrainState()
+        self.amp_dtype = autocast_dtype(train_config.dtype, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        if saved is not None:
+            self._load_latest()
+        elif self.dist.is_main:
+            self._start_run_dir(data_dir)
+        self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
+        self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
+
+    # --- run folder -------------------------------------------------------------------------
+    def _read_run_config(self) -> dict[str, Any]:
+        path = self.run_dir / "config.json"
+        if not path.is_file():
+            raise AttnlabError(f"cannot resume {self.run_dir}: no config.json (is it a run folder?)")
+        import json
+
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise AttnlabError(f"{path} is not valid JSON ({e})") from None
+
+    def _start_run_dir(self, data_dir: str | Path | None) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
+            raise AttnlabError(f"{self.run_dir} already holds a run; use --resume or another --out")
+        ckpt.write_json(self.run_dir / "config.json", {
+            "model": self.model_config.to_dict(), "train": self.cfg.to_dict(), "data": str(self.data.dir)})
+        ckpt.write_json(self.run_dir / "env.json", environment(self.device))
+        (self.run_dir / "metrics.csv").unlink(missing_ok=True)
+
+    def _load_latest(self) -> None:
+        folder = ckpt.checkpoint_dir(self.run_dir / "latest")
+        if folder is None:
+            raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
+        ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
+        saved = ckpt.read_trainer_state(folder)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.sampler.load_state_dict(saved["sampler"])
+        torch.set_rng_state(saved["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in saved:
+            torch.cuda.set_rng_state(saved["cuda_rng"])
+        self.state = TrainState(**saved["state"])
+        if self.dist.is_main:
+            ckpt.write_json(self.run_dir / "config.json", {
+                "model": self.model_config.to_dict(), "train": self.cfg.to_dict(), "data": str(self.data.dir)})
+
+    def save(self, name: str) -> None:
+        if not self.dist.is_main:
+            return
+        trainer_state = {
+            "optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(), "state": self.state.__dict__,
+        }
+        if self.device.type == "cuda":
+            trainer_state["cuda_rng"] = torch.cuda.get_rng_state()
+        ckpt.save_checkpoint(self.run_dir / name, self.model, self.data.tokenizer, self.cfg, trainer_state)
+
+    # --- evaluation -------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over the fixed validation batches."""
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for x, y in self.val_batches:
+            with self._autocast():
+                _, loss = self.model(x, y)
+            total += loss.float()
+        self.model.train()
+        return float(distributed.all_reduce_mean(total / len(self.val_batches), self.dist))
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _progress(self) -> Any:
+        from tqdm import tqdm
+
+        interactive = sys.stderr.isatty() and self.dist.is_main and not self.quiet
+        return tqdm(total=self.cfg.max_iters, initial=self.state.iter, disable=not interactive,
+                    unit="it", dynamic_ncols=True, desc=self.run_dir.name)
+
+    def _step(self, want_stats: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One optimizer step over all micro-batches; returns (loss, grad norm, mechanism stats)."""
+        accum = self.cfg.gradient_accumulation_steps
+        stats: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = self.sampler.next_batch()
+            last = micro == accum - 1
+            with distributed.sync_context(self.wrapped, last), self._autocast():
+                _, loss = self.forward_model(x, y, stats=stats if (want_stats and last) else None)
+                loss = loss / accum
+            self.scaler.scale(loss).backward()
+            loss_sum += loss.detach().float()
+        self.scaler.unscale_(self.optimizer)
+        params = self.model.parameters()
+        if self.cfg.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None]))
+        return loss_sum, norm, stats
+
+    def run(self, until: int | None = None) -> dict[str, Any]:
+        """Train up to ``max_iters`` (or ``until``); return the run summary."""
+        cfg, st = self.cfg, self.state
+        stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
+        log = MetricsLog(self.run_dir, cfg.tensorboard and self.dist.is_main) if self.dist.is_main else None
+        if log is not None:
+            log.truncate_after(st.iter)
+        if st.iter == 0 and log is not None and not st.history:
+            val = self.evaluate()
+            st.history.append({"iter": 0, "val_loss": val})
+            log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
+        bar = self._progress()
+        tokens_per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.model_config.block_size
+        window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        ckpt_every = cfg.ckpt_interval or cfg.eval_interval
+        try:
+            while st.iter < stop_at:
+                t0 = time.perf_counter()
+                lr = cfg.lr_at(st.iter)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                want_stats = (st.iter + 1) % cfg.log_interval == 0
+                loss, norm, stats = self._step(want_stats)
+                if not self._finite_or_skip(loss, norm):
+                    continue
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                st.iter += 1
+                st.train_seconds += time.perf_counter() - t0
+                window_loss += float(loss)
+                window_steps += 1
+                bar.update(1)
+                is_last = st.iter == stop_at
+                row: dict[str, Any] | None = None
+                if st.iter % cfg.log_interval == 0 or is_last:
+                    elapsed = time.perf_counter() - window_t0
+                    row = {"iter": st.iter, "train_loss": window_loss / max(1, window_steps), "lr": lr,
+                           "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9),
+                           "step_ms": 1000 * elapsed / max(1, window_steps),
+                           "elapsed_s": st.train_seconds, "grad_norm": float(norm),
+                           **{k: float(v) for k, v in stats.items()}}
+                    bar.set_postfix(loss=f"{row['train_loss']:.4f}", lr=f"{lr:.2e}",
+                                    tok_s=f"{row['tokens_per_s']:.0f}")
+                    window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+                if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters:
+                    row = row or {"iter": st.iter, "lr": lr}
+                    row["val_loss"] = self.evaluate()
+                    st.history.append({"iter": st.iter, "val_loss": row["val_loss"]})
+                    if row["val_loss"] < st.best_val:
+                        st.best_val = row["val_loss"]
+                        self.save("best")
+                if row is not None and log is not None:
+                    log.write(row)
+                    if bar.disable and not self.quiet:
+                        print(_log_line(row, cfg.max_iters), flush=True)
+                out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
+                if st.iter % ckpt_every == 0 or is_last or out_of_time:
+                    self.save("latest")
+                if out_of_time:
+                    break
+        finally:
+            bar.close()
+            if log is not None:
+                log.close()
+        return self.summary()
+
+    def _finite_or_skip(self, loss: torch.Tensor, norm: torch.Tensor) -> bool:
+        """Apply nan_policy: True to take the step, False to drop it (raises when stopping)."""
+        if bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)):
+            self.state.bad_steps = 0
+            return True
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()
+        st = self.state
+        st.bad_steps += 1
+        st.skipped_steps += 1
+        what = f"non-finite loss or gradient at iter {st.iter} (loss {float(loss):.4g}, grad norm {float(norm):.4g})"
+        if self.cfg.nan_policy == "stop":
+            raise AttnlabError(f"{what}; stopped, the last good checkpoint is {self.run_dir / 'latest'}")
+        if st.bad_steps >= self.cfg.max_bad_steps:
+            raise AttnlabError(f"{what}; {st.bad_steps} bad steps in a row (max_bad_steps), stopped")
+        # the sampler has moved on, so the next attempt sees a fresh batch
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        st = self.state
+        evals = [h["val_loss"] for h in st.history]
+        summary = {
+            "iters": st.iter, "final_val_loss": evals[-1] if evals else None,
+            "best_val_loss": st.best_val if math.isfinite(st.best_val) else None,
+            "train_seconds": st.train_seconds,
+            "sec_per_step": st.train_seconds / st.iter if st.iter else None,
+            "tokens_per_s": (st.iter * self.cfg.batch_size * self.cfg.gradient_accumulation_steps
+                             * self.model_config.block_size / st.train_seconds) if st.train_seconds else None,
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "params": self.model.get_num_params(non_embedding=False),
+            "skipped_steps": st.skipped_steps,
+        }
+        if self.dist.is_main:
+            ckpt.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+    def close(self) -> None:
+        distributed.teardown(self.dist)
+
+
+def _log_line(row: dict[str, Any], max_iters: int) -> str:
+    parts = [f"iter {row['iter']}/{max_iters}"]
+    for key, fmt in (("train_loss", ".4f"), ("val_loss", ".4f"), ("lr", ".2e"), ("tokens_per_s", ".0f")):
+        if row.get(key) is not None:
+            parts.append(f"{key} {row[key]:{fmt}}")
+    return " | ".join(parts)

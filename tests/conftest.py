@@ -1,0 +1,64 @@
+"""Shared fixtures: a tiny prepared corpus, tiny configs, and a quick trainer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# keep the prepared default corpus and any cache out of the user's home
+os.environ.setdefault("ATTNLAB_HOME", tempfile.mkdtemp(prefix="attnlab-test-home-"))
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A char-level data folder prepared from ~200 kB of the embedded corpus."""
+    from attnlab.data.corpus import embedded_documents
+    from attnlab.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    text = "\n\n".join(t for _, t in embedded_documents()[:3])[:200_000]
+    (root / "corpus.txt").write_text(text)
+    return prepare(sources=[str(root / "corpus.txt")], out=root / "prepared")
+
+
+def tiny_model(**overrides):
+    """A 2-layer, 32-wide model config; vocab comes from the data when trained."""
+    from attnlab.config import ModelConfig
+
+    base = dict(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_embd=32, bias=False)
+    return ModelConfig(**{**base, **overrides})
+
+
+def tiny_train(**overrides):
+    """A 30-iteration CPU recipe with frequent evals and no TensorBoard."""
+    from attnlab.config import TrainConfig
+
+    base = dict(max_iters=30, batch_size=8, learning_rate=3e-3, min_lr=3e-4, warmup_iters=5,
+                eval_interval=10, eval_iters=4, log_interval=5, device="cpu", tensorboard=False)
+    return TrainConfig(**{**base, **overrides})
+
+
+@pytest.fixture
+def train_tiny(tiny_data: Path):
+    """Factory: train_tiny(run_dir, model={...}, **train_overrides) -> (Trainer, summary)."""
+    from attnlab.train.trainer import Trainer
+
+    def run(run_dir: Path, model: dict | None = None, until: int | None = None, **train):
+        trainer = Trainer(run_dir, tiny_model(**(model or {})), tiny_train(**train), tiny_data, quiet=True)
+        return trainer, trainer.run(until)
+
+    return run
+
+
+def run_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m attnlab ARGS` in a subprocess with the repo on the path."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **kwargs.pop("env", {})}
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kwargs)
