@@ -63,7 +63,10 @@ class _Serialisable:
             raise AttnlabError(f"cannot read config {path}: {e}") from None
         if not isinstance(data, dict):
             raise AttnlabError(f"config {path} must hold a JSON object, not {type(data).__name__}")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except (AttnlabError, ValueError) as e:  # name the file: it may come from a stranger
+            raise AttnlabError(f"{path}: {e}") from None
 
     def replace(self: C, **overrides: Any) -> C:
         """A validated copy with some fields changed (unknown fields are an error)."""

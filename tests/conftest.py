@@ -12,6 +12,13 @@ import pytest
 
 # keep the prepared default corpus and any cache out of the user's home
 os.environ.setdefault("ATTNLAB_HOME", tempfile.mkdtemp(prefix="attnlab-test-home-"))
+# under pytest-xdist every worker (and each subprocess it starts) gets one thread: two workers
+# with two OpenMP threads each on two cores spin against each other and run many times slower
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-cache", action="store_true", help="recompute the full context every step")
+    p.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
+                   help="onnxruntime: run an exported folder's model.onnx on the CPU (no KV cache)")
     p.set_defaults(func=run)
 
 
@@ -27,8 +29,14 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.errors import AttnlabError
     from attnlab.train.trainer import resolve_device
 
-    device = resolve_device(args.device)
-    model, tokenizer = from_pretrained(args.model, device=device)
+    if args.backend == "onnxruntime":
+        from attnlab.export import load_onnx
+
+        device = torch.device("cpu")
+        model, tokenizer = load_onnx(args.model)
+    else:
+        device = resolve_device(args.device)
+        model, tokenizer = from_pretrained(args.model, device=device)
     if tokenizer is None:
         raise AttnlabError(f"{args.model} has no tokenizer.json; cannot encode a prompt")
     ids = tokenizer.encode(args.prompt)

@@ -13,9 +13,11 @@ the two renames, ``checkpoint_dir`` finds the old one under its aside name.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,10 @@ TOKENIZER = "tokenizer.json"
 TRAIN_CONFIG = "train_config.json"
 TRAINER_STATE = "trainer_state.pt"
 ASIDE = ".old"
+# Test hook for the crash-safety tests: "STAGE:N" makes the Nth save_checkpoint of the process
+# SIGKILL itself at STAGE ("write": temporary folder half written; "swap": between the renames).
+KILL_HOOK = "ATTNLAB_TEST_KILL_DURING_SAVE"
+_SAVES = itertools.count(1)
 
 
 def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -69,27 +75,38 @@ def save_checkpoint(
 ) -> Path:
     """Atomically (re)write ``folder`` as a checkpoint; an error leaves the old one intact."""
     folder = Path(folder)
+    save_number = next(_SAVES)
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed process
+        shutil.rmtree(stale, ignore_errors=True)
+    aside = folder.parent / f"{folder.name}{ASIDE}"
     try:
         tmp.mkdir(parents=True)
         write_model_folder(tmp, model, tokenizer)
+        _kill_hook("write", save_number)
         if train_config is not None:
             (tmp / TRAIN_CONFIG).write_text(train_config.to_json())
         if trainer_state is not None:
             torch.save(trainer_state, tmp / TRAINER_STATE)
         _fsync_tree(tmp)
-    except OSError as e:
+        if folder.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(folder, aside)
+        _kill_hook("swap", save_number)
+        os.replace(tmp, folder)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise AttnlabError(f"could not write checkpoint {folder} ({e.strerror or e}); "
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        raise AttnlabError(f"could not write checkpoint {folder} ({reason}); "
                            "the previous checkpoint is intact") from e
-    aside = folder.parent / f"{folder.name}{ASIDE}"
-    if folder.exists():
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(folder, aside)
-    os.replace(tmp, folder)
     shutil.rmtree(aside, ignore_errors=True)
     return folder
+
+
+def _kill_hook(stage: str, save_number: int) -> None:
+    """The KILL_HOOK test hook: SIGKILL this process at ``stage`` of the chosen save."""
+    if os.environ.get(KILL_HOOK) == f"{stage}:{save_number}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def checkpoint_dir(folder: str | Path) -> Path | None:
@@ -118,15 +135,24 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
 
 
+_TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
 def safe_torch_load(path: str | Path) -> Any:
     """torch.load that refuses anything but tensors and plain containers (never runs code)."""
     import pickle
+    import warnings
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on stderr
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AttnlabError(f"{path} refused: it is not a plain weights file ({first})") from None
+        # torch wraps the reason in advice to retry with weights_only=False: keep the reason only
+        lines = [ln.strip() for ln in str(e).splitlines()]
+        reasons = [ln for ln in lines if ln and not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
+        reason = reasons[0] if reasons else type(e).__name__
+        raise AttnlabError(f"{path} refused: it is not a plain weights file ({reason})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
 
@@ -154,10 +180,7 @@ def read_model_config(folder: Path) -> ModelConfig:
     path = folder / CONFIG
     if not path.is_file():
         raise AttnlabError(f"{folder} is not a model folder (no {CONFIG})")
-    try:
-        return ModelConfig.from_json(path)
-    except ValueError as e:
-        raise AttnlabError(f"{path}: {e}") from None
+    return ModelConfig.from_json(path)
 
 
 def model_folder(path: str | Path) -> Path:

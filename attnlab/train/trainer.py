@@ -84,6 +84,7 @@ class MetricsLog:
     def __init__(self, run_dir: Path, tensorboard: bool) -> None:
         self.path = run_dir / "metrics.csv"
         self.columns: list[str] | None = None
+        self.pending: list[dict[str, Any]] = []  # rows before the first training row fixes the columns
         if self.path.is_file():
             with self.path.open() as f:
                 self.columns = next(csv.reader(f), None)
@@ -103,13 +104,18 @@ class MetricsLog:
         with self.path.open("w", newline="") as f:
             csv.writer(f).writerows(kept)
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: dict[str, Any], final: bool = False) -> None:
+        if self.columns is None and "train_loss" not in row and not final:
+            self.pending.append(row)  # e.g. the eval at iter 0: mechanism columns aren't known yet
+            return
         if self.columns is None:
             self.columns = METRIC_COLUMNS + sorted(k for k in row if k not in METRIC_COLUMNS)
             with self.path.open("w", newline="") as f:
                 csv.writer(f).writerow(self.columns)
+        rows, self.pending = [*self.pending, row], []
         with self.path.open("a", newline="") as f:
-            csv.writer(f).writerow(["" if row.get(c) is None else row[c] for c in self.columns])
+            for r in rows:
+                csv.writer(f).writerow(["" if r.get(c) is None else r[c] for c in self.columns])
         if self.writer is not None:
             for key, value in row.items():
                 if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
@@ -117,6 +123,8 @@ class MetricsLog:
             self.writer.flush()
 
     def close(self) -> None:
+        if self.pending:
+            self.write(self.pending.pop(), final=True)
         if self.writer is not None:
             self.writer.close()
 
@@ -150,7 +158,11 @@ class Trainer:
         resume_overrides: dict[str, Any] | None = None,
         vocab_from_data: bool = True,
         quiet: bool = False,
+        batches: Any | None = None,
+        init_weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
+        stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
         from attnlab.data.bins import BatchSampler, fixed_batches
         from attnlab.data.prepare import load_dataset
         from attnlab.model import GPT
@@ -178,14 +190,24 @@ class Trainer:
 
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
         self.model = GPT(model_config).to(self.device)
+        if init_weights is not None and saved is None:
+            ckpt.load_weights_strict(self.model, init_weights, "init_weights")
         self.optimizer = self.model.configure_optimizers(
             train_config.weight_decay, train_config.learning_rate,
             (train_config.beta1, train_config.beta2), self.device.type)
         block = model_config.block_size
-        self.sampler = BatchSampler(self.data.train, block, train_config.batch_size, train_config.seed,
-                                    self.dist.rank, self.dist.world_size, self.device)
-        self.val_batches = fixed_batches(self.data.val, block, train_config.batch_size,
-                                         train_config.eval_iters, train_config.eval_seed, self.device)
+        if batches is not None:
+            self.sampler, self.val_batches = batches(self)
+        else:
+            for split in ("train", "val"):  # name the file: the sampler only knows a token count
+                n = len(getattr(self.data, split))
+                if n < block + 1:
+                    raise AttnlabError(f"{self.data.dir / f'{split}.bin'}: {n} tokens, too few for "
+                                       f"block_size={block} (need at least {block + 1})")
+            self.sampler = BatchSampler(self.data.train, block, train_config.batch_size, train_config.seed,
+                                        self.dist.rank, self.dist.world_size, self.device)
+            self.val_batches = fixed_batches(self.data.val, block, train_config.batch_size,
+                                             train_config.eval_iters, train_config.eval_seed, self.device)
         self.state = TrainState()
         self.amp_dtype = autocast_dtype(train_config.dtype, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
@@ -204,9 +226,13 @@ class Trainer:
         import json
 
         try:
-            return json.loads(path.read_text())
+            saved = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise AttnlabError(f"{path} is not valid JSON ({e})") from None
+        if not isinstance(saved, dict) or not {"model", "train", "data"} <= saved.keys():
+            raise AttnlabError(f"cannot resume {self.run_dir}: its config.json is not a run's "
+                               "(a model folder? resume the run folder above it)")
+        return saved
 
     def _start_run_dir(self, data_dir: str | Path | None) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +316,8 @@ class Trainer:
         else:
             norm = torch.linalg.vector_norm(
                 torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None]))
-        return loss_sum, norm, stats
+        # the global batch's loss (ranks hold equal shares), so every rank logs and skips alike
+        return distributed.all_reduce_mean(loss_sum, self.dist), norm, stats
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
@@ -299,10 +326,11 @@ class Trainer:
         log = MetricsLog(self.run_dir, cfg.tensorboard and self.dist.is_main) if self.dist.is_main else None
         if log is not None:
             log.truncate_after(st.iter)
-        if st.iter == 0 and log is not None and not st.history:
+        if st.iter == 0 and not st.history:  # every rank evaluates: it is a collective under DDP
             val = self.evaluate()
             st.history.append({"iter": 0, "val_loss": val})
-            log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
+            if log is not None:
+                log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
         bar = self._progress()
         tokens_per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.model_config.block_size
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()

@@ -33,7 +33,7 @@ from torch import nn
 HOOKS = ("qkv", "core", "rounds", "output", "state", "mlp_input")
 
 # module names under attnlab.model.mechanisms, in the order their hooks run
-REGISTRY = ("purpose_state", "value_gate", "twicing")
+REGISTRY = ("purpose_state", "value_gate", "twicing", "boosted")
 
 
 @dataclass(frozen=True)

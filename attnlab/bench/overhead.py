@@ -1,0 +1,272 @@
+"""`attnlab bench overhead`: step-time cost of each mechanism against vanilla, across widths.
+
+The kv-bias seed's Figure 2: forward + backward + AdamW step on random data, 6 layers, batch 8,
+block 256, n_embd 128..768. Each mechanism is timed at the vanilla width (equal width) and at
+the narrower width whose parameter count is closest to vanilla's (parameter-matched, e.g.
+K/V-bias at 112 against vanilla at 128). All models of one width run interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+# name -> ModelConfig overrides; shared with `bench generate`
+MECHANISMS: dict[str, dict[str, Any]] = {
+    "kv-bias": {"use_m_gate": True},
+    "kv-bias detached": {"use_m_gate": True, "m_gate_detached": True},
+    "value gate": {"value_gate": True},
+    "boosted M=2": {"boost_rounds": 2},
+    "twicing": {"twicing": True},
+}
+# a mechanism that must add parameters; equal counts mean it is not registered in this build
+ADDS_PARAMS = ("kv-bias", "kv-bias detached", "value gate", "boosted M=2")
+QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
+
+
+@dataclass(frozen=True)
+class Row:
+    width: int  # the vanilla width this row is compared with
+    variant: str
+    match: str  # "equal" width or parameter-matched ("params")
+    n_embd: int  # the width actually run
+    params: int
+    ms: float  # median step time
+    ratio: float  # median per-repetition ratio to vanilla at ``width``
+    iqr: tuple[float, float]
+
+
+def count_params(config) -> int:
+    """Parameters of GPT(config) (tied weights once)."""
+    from attnlab.model import GPT
+
+    return sum(p.numel() for p in GPT(config).parameters())
+
+
+def with_width(config, n_embd: int, **overrides: Any):
+    """``config`` at another width, the FFN keeping its ratio to n_embd (replace() would keep d_ffn)."""
+    d_ffn = round(int(config.d_ffn) * n_embd / config.n_embd)
+    return config.replace(n_embd=n_embd, d_ffn=d_ffn, **overrides)
+
+
+def matched_width(base, overrides: dict[str, Any], target: int) -> int:
+    """The width (a multiple of n_head, at most base.n_embd) whose parameter count is closest to target.
+
+    Parameter counts grow with width, so a bisection finds the widest model not above target;
+    the answer is it or the next step up.
+    """
+    step = base.n_head * (2 if base.pos == "rope" else 1)
+
+    def count(k: int) -> int:
+        return count_params(with_width(base, k * step, **overrides))
+
+    lo, hi = 1, base.n_embd // step
+    if count(lo) <= target:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if count(mid) <= target else (lo, mid - 1)
+    candidates = [k for k in (lo, lo + 1) if k <= base.n_embd // step]
+    return step * min(candidates, key=lambda k: (abs(count(k) - target), -k))
+
+
+def available(name: str, base) -> bool:
+    """False when a parameterised mechanism adds no parameters (its module is not registered)."""
+    return name not in ADDS_PARAMS or count_params(
+        base.replace(**MECHANISMS[name])
+    ) != count_params(base)
+
+
+def measure(
+    widths: list[int],
+    layers: int = 6,
+    batch: int = 8,
+    block: int = 256,
+    reps: int = 5,
+    warmup: int = 1,
+    n_head: int = 4,
+    vocab: int = 65,
+    device: str = "cpu",
+    mechanisms: list[str] | None = None,
+) -> tuple[list[Row], list[str]]:
+    """Time every mechanism at every width; returns (rows, names of unavailable mechanisms)."""
+    import torch
+
+    from attnlab.bench._timing import interleaved, synchronizer, train_step
+    from attnlab.config import ModelConfig
+
+    names = mechanisms or list(MECHANISMS)
+    rows: list[Row] = []
+    missing: list[str] = []
+    for width in widths:
+        base = ModelConfig(
+            n_layer=layers,
+            n_head=n_head,
+            n_embd=width,
+            block_size=block,
+            vocab_size=vocab,
+            bias=False,
+            dropout=0.0,
+        )
+        base_params = count_params(base)
+        configs = {("vanilla", "equal"): base}
+        for name in names:
+            if not available(name, base):
+                if name not in missing:
+                    missing.append(name)
+                continue
+            configs[(name, "equal")] = base.replace(**MECHANISMS[name])
+            w = matched_width(base, MECHANISMS[name], base_params)
+            if w != width:
+                configs[(name, "params")] = with_width(base, w, **MECHANISMS[name])
+        steps = {key: train_step(cfg, batch, device)[0] for key, cfg in configs.items()}
+        print(f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", file=sys.stderr)
+        timings = interleaved(
+            {f"{v}|{m}": fn for (v, m), fn in steps.items()},
+            "vanilla|equal",
+            reps,
+            warmup,
+            synchronizer(device),
+        )
+        for (variant, match), cfg in configs.items():
+            t = timings[f"{variant}|{match}"]
+            rows.append(
+                Row(
+                    width,
+                    variant,
+                    match,
+                    cfg.n_embd,
+                    count_params(cfg),
+                    1000 * t.median_s,
+                    t.ratio,
+                    t.ratio_iqr,
+                )
+            )
+        del steps  # free this width's models before building the next, wider ones
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows, missing
+
+
+def table(rows: list[Row]) -> str:
+    from attnlab.bench._timing import format_table
+
+    body = [
+        [
+            f"{r.variant} @{r.n_embd}",
+            str(r.width),
+            r.match,
+            f"{r.params:,}",
+            f"{r.ms:.1f}",
+            f"{r.ratio:.3f}",
+            f"{100 * (r.ratio - 1):+.1f}%",
+            f"{r.iqr[0]:.3f}-{r.iqr[1]:.3f}",
+        ]
+        for r in rows
+    ]
+    return format_table(
+        ["model", "vs vanilla@", "match", "params", "ms/iter", "ratio", "overhead", "ratio IQR"],
+        body,
+    )
+
+
+def plot(rows: list[Row], out: str, title: str) -> None:
+    """Left: step time against width; right: overhead % against width (solid equal, dashed matched)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_o) = plt.subplots(1, 2, figsize=(11, 4.2))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    for i, variant in enumerate(variants):
+        color = f"C{i}"
+        for match, style in (("equal", "-"), ("params", "--")):
+            pts = [r for r in rows if r.variant == variant and r.match == match]
+            if not pts:
+                continue
+            label = variant if match == "equal" else f"{variant} (param-matched)"
+            ax_t.plot(
+                [r.width for r in pts],
+                [r.ms for r in pts],
+                style,
+                marker="o",
+                color=color,
+                label=label,
+            )
+            if variant != "vanilla":
+                ax_o.plot(
+                    [r.width for r in pts],
+                    [100 * (r.ratio - 1) for r in pts],
+                    style,
+                    marker="o",
+                    color=color,
+                    label=label,
+                )
+    ax_t.set(xlabel="n_embd (vanilla)", ylabel="ms per iteration", title="fwd + bwd + AdamW step")
+    ax_o.set(
+        xlabel="n_embd (vanilla)",
+        ylabel="overhead vs vanilla (%)",
+        title="median of per-rep ratios",
+    )
+    ax_o.axhline(0, color="grey", lw=0.8)
+    ax_t.legend(fontsize=7)
+    ax_o.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "overhead", help="step-time overhead of each mechanism vs vanilla, across widths"
+    )
+    p.add_argument(
+        "--widths", default="128,256,384,512,640,768", help="comma-separated vanilla n_embd values"
+    )
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--block", type=int, default=256)
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions per width")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny models, two repetitions (a smoke test)"
+    )
+    p.add_argument("--out", default="bench_overhead.png", help="PNG to write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.errors import AttnlabError
+
+    try:
+        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    except ValueError:
+        raise AttnlabError(
+            f"--widths must be comma-separated integers, got {args.widths!r}"
+        ) from None
+    opts = dict(
+        widths=widths,
+        layers=args.layers,
+        batch=args.batch,
+        block=args.block,
+        reps=args.reps,
+        n_head=args.heads,
+    )
+    if args.quick:
+        opts.update(QUICK)
+    rows, missing = measure(**opts, warmup=args.warmup, device=args.device)
+    print(table(rows))
+    for name in missing:
+        print(f"{name}: not available (the mechanism adds no parameters in this build)")
+    title = (
+        f"{opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
+        f"{opts['reps']} interleaved reps, {args.device}"
+    )
+    plot(rows, args.out, title)
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,83 @@
+"""`attnlab chat`: talk to a chat-tuned model in the terminal (ChatML, streamed replies)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "type a message; /reset clears the history, /exit quits"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("chat", help="chat with a ChatML-tuned run in the terminal",
+                              description=f"Chat with RUN (a run or model folder); {HELP}. "
+                                          "Reads stdin line by line, so it also works through a pipe.")
+    p.add_argument("model", metavar="RUN")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--system", help="system message put at the start of every prompt")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab import from_pretrained
+    from attnlab.data.chat import IM_END, IM_START, fit_history
+    from attnlab.errors import AttnlabError
+    from attnlab.model.generation import stream
+    from attnlab.train.trainer import resolve_device
+
+    device = resolve_device(args.device)
+    model, tok = from_pretrained(args.model, device=device)
+    stops = {tok.token_to_id(IM_END), tok.token_to_id(IM_START)} if tok is not None else {None}
+    if None in stops:
+        raise AttnlabError(f"{args.model} has no ChatML tokens; fine-tune it first (attnlab sft --chat)")
+    block = model.config.block_size
+    max_new = max(1, min(args.max_new_tokens, block // 2))  # keep half the window for the history
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"chatting with {args.model}: {HELP}")
+    while True:
+        try:
+            line = input("you> " if interactive else "").strip()
+        except EOFError:
+            break
+        if line == "/exit":
+            break
+        if line == "/reset":
+            history.clear()
+            print("(history cleared)")
+            continue
+        if not line:
+            continue
+        user = {"role": "user", "content": line}
+        try:
+            ids = fit_history(tok, system + history + [user], block - max_new)
+        except AttnlabError as e:  # e.g. a character a char-level model has never seen
+            print(f"attnlab chat: {e}", file=sys.stderr)
+            continue
+        if interactive:
+            print("model> ", end="", flush=True)
+        reply: list[int] = []
+        shown = ""
+        with torch.no_grad():
+            for nxt in stream(model, torch.tensor([ids], device=device), max_new, args.temperature,
+                              args.top_k, args.top_p, eos_token_id=tok.token_to_id(IM_END), generator=gen):
+                if int(nxt) in stops:
+                    break
+                reply.append(int(nxt))
+                text = tok.decode(reply)
+                # decode the whole reply (bpe spacing depends on neighbours); print what is new
+                print(text[len(shown) :], end="", flush=True)
+                shown = text
+        print(flush=True)
+        history += [user, {"role": "assistant", "content": shown}]
+    return 0

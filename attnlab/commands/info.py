@@ -1,0 +1,92 @@
+"""`attnlab info`: a model's config, parameter count by component, and FLOPs per token."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
+_BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("info", help="config, parameters by component and FLOPs of a model",
+                              description="Describe a preset, run or model folder without loading weights.")
+    p.add_argument("target", metavar="PRESET_OR_FOLDER")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="model fields to change first")
+    p.set_defaults(func=run)
+
+
+def parameter_counts(model: Any) -> dict[str, int]:
+    """Parameters per component (shared tensors once), mechanism parts by name, and the total.
+
+    attention = c_attn + c_proj + the mechanism parts that live in the attention (e.g. the value
+    gate ``attn.W_E``, also listed alone); mechanisms = parts that live in the block.
+    """
+    from attnlab.model.mechanisms import parts_for
+
+    attn_parts = {p.name for p in parts_for(model.config, "attn")}
+    block_parts = {p.name for p in parts_for(model.config, "block")}
+    counts = dict.fromkeys(COMPONENTS, 0)
+    for name, p in model.named_parameters():
+        match = _BLOCK_PARAM.match(name)
+        inner = match.group(2) if match else ""
+        if match and match.group(1):
+            counts["attention"] += p.numel()
+            if inner in attn_parts:
+                counts[f"attn.{inner}"] = counts.get(f"attn.{inner}", 0) + p.numel()
+        elif inner in block_parts:
+            counts["mechanisms"] += p.numel()
+            counts[f"block.{inner}"] = counts.get(f"block.{inner}", 0) + p.numel()
+        elif inner.startswith("mlp"):
+            counts["ffn"] += p.numel()
+        elif inner.startswith("ln_") or name.startswith("transformer.ln_f."):
+            counts["norms"] += p.numel()
+        elif name.startswith(("transformer.wte.", "transformer.wpe.", "lm_head.")):
+            counts["embeddings"] += p.numel()
+        else:
+            raise ValueError(f"parameter {name} belongs to no known component")
+    counts["total"] = sum(counts[c] for c in COMPONENTS)
+    return counts
+
+
+def load_config(target: str, overrides: list[str]):
+    """The ModelConfig of a run/model folder, else of a preset, with model overrides."""
+    from attnlab.config import ModelConfig, split_overrides
+    from attnlab.errors import AttnlabError
+    from attnlab.train.checkpoint import model_folder, read_model_config
+
+    model_over, train_over = split_overrides(overrides)
+    if train_over:
+        raise AttnlabError(f"info takes model fields only, not {', '.join(train_over)}")
+    if Path(target).expanduser().exists() or "/" in target:  # a path, even a mistyped one
+        return read_model_config(model_folder(target)).replace(**model_over)
+    return ModelConfig.preset(target, **model_over)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnlab.model import GPT
+
+    config = load_config(args.target, args.overrides)
+    with torch.device("meta"):  # shapes only: the 61M preset costs nothing to describe
+        model = GPT(config)
+    counts = parameter_counts(model)
+    print(f"{args.target}\n\nconfig")
+    for key, value in config.to_dict().items():
+        print(f"  {key:<18} {value}")
+    print("\nparameters")
+    parent_of = {"attn": "attention", "block": "mechanisms"}
+    for component in (*COMPONENTS, "total"):
+        print(f"  {component:<24} {counts[component]:>14,}")
+        for key, n in counts.items():
+            if parent_of.get(key.split(".")[0]) == component:
+                print(f"    of which {key:<13} {n:>14,}")
+    tied = "tied to lm_head" if config.tie_embeddings else "lm_head separate"
+    print(f"  (embeddings: {config.vocab_size:,} x {config.n_embd}, {tied})")
+    print(f"\nFLOPs per token (training, 6N + attention at T={config.block_size}): "
+          f"{model.flops_per_token():,.0f}")
+    return 0

@@ -1,0 +1,144 @@
+"""Supervised fine-tuning data: JSONL records, the ChatML template, and response-only targets.
+
+Two record kinds, detected per record:
+
+- instruction pairs ``{"prompt": ..., "response": ...}``, written as ``prompt + "\\n"`` then
+  ``response + "<|im_end|>"`` (the end marker is the stop token the model learns to emit);
+- conversations ``{"messages": [{"role": ..., "content": ...}, ...]}`` in ChatML::
+
+      <|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant\\nHi<|im_end|>\\n
+
+With ``chat=True`` pairs are written as a one-turn ChatML conversation instead.
+Only response / assistant tokens (and the ``<|im_end|>`` that closes them) are trained on:
+``encode_record`` returns a mask and ``targets`` turns it into next-token targets with -1
+(the model's ``ignore_index``) everywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.tokenizer import Tokenizer
+from attnlab.errors import AttnlabError
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [IM_START, IM_END]
+ROLES = ("system", "user", "assistant")
+SHIPPED_DIR = Path(__file__).with_name("sft")
+SHIPPED = {"instruct": SHIPPED_DIR / "instruct.jsonl.xz", "chat": SHIPPED_DIR / "chat.jsonl.xz"}
+
+Message = dict[str, str]
+Segments = list[tuple[str, bool]]  # (text, trained?)
+
+
+def chatml_segments(messages: Sequence[Message], add_generation_prompt: bool = False) -> Segments:
+    """ChatML as (text, trained) pieces: an assistant's content and closing marker are trained."""
+    segments: Segments = []
+    for m in messages:
+        trained = m["role"] == "assistant"
+        segments += [(f"{IM_START}{m['role']}\n", False), (m["content"], trained),
+                     (IM_END, trained), ("\n", False)]
+    if add_generation_prompt:
+        segments.append((f"{IM_START}assistant\n", False))
+    return segments
+
+
+def format_chatml(messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
+    """The ChatML text of ``messages``, optionally ending with an open assistant turn."""
+    return "".join(text for text, _ in chatml_segments(messages, add_generation_prompt))
+
+
+def record_segments(record: dict[str, Any], chat: bool = False) -> Segments:
+    """Segments of one JSONL record (pair or conversation); ``chat`` writes pairs in ChatML."""
+    if "messages" in record:
+        return chatml_segments(record["messages"])
+    if chat:
+        return chatml_segments([{"role": "user", "content": record["prompt"]},
+                                {"role": "assistant", "content": record["response"]}])
+    return [(record["prompt"] + "\n", False), (record["response"], True), (IM_END, True)]
+
+
+def encode_segments(tokenizer: Tokenizer, segments: Segments) -> tuple[list[int], list[bool]]:
+    """Token ids and, per token, whether it is trained on."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    for text, trained in segments:
+        piece = tokenizer.encode(text)
+        ids += piece
+        mask += [trained] * len(piece)
+    return ids, mask
+
+
+def encode_record(tokenizer: Tokenizer, record: dict[str, Any], chat: bool = False) -> tuple[list[int], list[bool]]:
+    return encode_segments(tokenizer, record_segments(record, chat))
+
+
+def targets(ids: Sequence[int], mask: Sequence[bool]) -> list[int]:
+    """Next-token targets for ``ids[:-1]``: ``ids[i + 1]`` where that token is trained, else -1."""
+    return [t if m else -1 for t, m in zip(ids[1:], mask[1:], strict=True)]
+
+
+def _check_record(record: Any, where: str) -> dict[str, Any]:
+    """A record must be a pair or a conversation of known roles with string contents."""
+    if not isinstance(record, dict):
+        raise AttnlabError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "messages" in record:
+        msgs = record["messages"]
+        ok = isinstance(msgs, list) and msgs and all(
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            for m in msgs)
+        if not ok:
+            raise AttnlabError(f"{where}: messages must be a non-empty list of "
+                               f"{{'role': one of {'/'.join(ROLES)}, 'content': text}}")
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise AttnlabError(f"{where}: conversation has no assistant message to train on")
+        return record
+    if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
+        return record
+    raise AttnlabError(f"{where}: expected {{'prompt', 'response'}} or {{'messages': [...]}}, "
+                       f"got keys {sorted(record)}")
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a ``.jsonl`` (or ``.jsonl.xz``) file, validated; blank lines are skipped."""
+    path = Path(path).expanduser()
+    opener = lzma.open if path.suffix == ".xz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise AttnlabError(f"{path}: no such file") from None
+    except (OSError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise AttnlabError(f"{path}: cannot read ({e})") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AttnlabError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        records.append(_check_record(record, f"{path}:{n}"))
+    if not records:
+        raise AttnlabError(f"{path}: no records")
+    return records
+
+
+def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) -> list[int]:
+    """ChatML ids of ``messages`` plus an open assistant turn, at most ``budget`` tokens.
+
+    The oldest exchanges go first (a leading system message stays); if the latest message alone
+    is still too long, its oldest tokens are cut.
+    """
+    system = list(messages[:1]) if messages and messages[0]["role"] == "system" else []
+    rest = list(messages[len(system) :])
+    while True:
+        ids, _ = encode_segments(tokenizer, chatml_segments(system + rest, add_generation_prompt=True))
+        if len(ids) <= budget or len(rest) <= 1:
+            return ids[-budget:]
+        rest = rest[2:] if len(rest) > 2 else rest[-1:]

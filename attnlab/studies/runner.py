@@ -1,0 +1,302 @@
+"""Run a study: every (variant, seed) training run, wall-clock matching, statistics, report.
+
+Runs live in ``OUT/runs/<variant>/seed<s>``. A run whose ``summary.json`` exists is not
+retrained; one with a ``latest/`` checkpoint but no summary is resumed; a run that raises is
+recorded as failed (its error in ``results.json``) and the others go on. Seed ``s`` is the
+training seed of every variant, so paired runs see the same initial stream and the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import AttnlabError
+from attnlab.studies.spec import StudySpec, Variant
+
+RUN_FIELDS = ("variant", "seed", "val_loss", "iters", "wall_s", "status", "sec_per_step",
+              "best_val_loss", "params", "error", "run_dir")
+
+
+def run_dir_for(out: Path, variant: str, seed: int) -> Path:
+    return out / "runs" / variant / f"seed{seed}"
+
+
+# --- one training run (also the worker of the process pool) -----------------------------------
+def train_one(job: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+    """Train (or skip, or resume) one run; never raises: failures come back as status "failed"."""
+    run_dir = Path(job["run_dir"])
+    row: dict[str, Any] = {"variant": job["variant"], "seed": job["seed"], "run_dir": str(run_dir)}
+    try:
+        summary_path = run_dir / "summary.json"
+        if summary_path.is_file():
+            return {**row, **_summary_fields(json.loads(summary_path.read_text())), "status": "ok",
+                    "skipped": True}
+        import torch
+
+        from attnlab.train import checkpoint as ckpt
+        from attnlab.train.trainer import Trainer
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if ckpt.checkpoint_dir(run_dir / "latest") is not None:
+            trainer = Trainer(run_dir, resume=True, quiet=True)
+        else:
+            trainer = _new_trainer(job, run_dir)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
+        return {**row, **_summary_fields(summary), "status": "ok", "skipped": False}
+    except Exception as e:  # a broken variant must not stop the study
+        return {**row, "status": "failed", "error": f"{type(e).__name__}: {e}", "skipped": False}
+
+
+def _new_trainer(job: dict[str, Any], run_dir: Path) -> Any:
+    from attnlab.train.spec import _flatten, resolve
+    from attnlab.train.trainer import Trainer
+
+    spec = resolve(job["preset"], None, _flatten(job["model"]) + _flatten(job["train"]), job["data"])
+    train = spec.train.replace(seed=job["seed"], extra={**spec.train.extra, "study_variant": job["variant"]})
+    if job.get("max_iters"):  # the wall-clock-matched budget; the schedule stretches with it
+        decay = train.lr_decay_iters
+        train = train.replace(max_iters=job["max_iters"],
+                              lr_decay_iters=None if decay in (None, train.max_iters) else decay)
+    return Trainer(run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True)
+
+
+def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    return {"val_loss": summary.get("final_val_loss"), "best_val_loss": summary.get("best_val_loss"),
+            "iters": summary.get("iters"), "wall_s": summary.get("train_seconds"),
+            "sec_per_step": summary.get("sec_per_step"), "params": summary.get("params")}
+
+
+def execute(jobs: list[dict[str, Any]], n_jobs: int = 1, desc: str = "runs") -> list[dict[str, Any]]:
+    """Run ``jobs`` (in ``n_jobs`` spawned processes, torch threads split between them), in order."""
+    from tqdm import tqdm
+
+    results: list[dict[str, Any] | None] = [None] * len(jobs)
+    with tqdm(total=len(jobs), desc=desc, unit="run", disable=None) as bar:
+        if n_jobs <= 1:
+            for i, job in enumerate(jobs):
+                results[i] = train_one(job)
+                bar.set_postfix_str(f"{job['variant']} seed {job['seed']}: {results[i]['status']}")
+                bar.update(1)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            threads = max(1, (os.cpu_count() or 1) // n_jobs)
+            with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(train_one, job, threads): i for i, job in enumerate(jobs)}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update(1)
+    return [r for r in results if r is not None]
+
+
+# --- language-model studies --------------------------------------------------------------------
+def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Path | None) -> str:
+    """The prepared data folder a variant trains on, prepared here once (not in every worker)."""
+    from attnlab.data.prepare import load_dataset
+    from attnlab.presets import get_preset
+    from attnlab.train.spec import default_data_for
+
+    chosen = data if data is not None else spec.scale(preset).data
+    if isinstance(chosen, dict):
+        folder = default_data_for(chosen)
+    elif chosen is not None:
+        folder = Path(chosen).expanduser()
+    else:
+        folder = default_data_for(get_preset(variant.preset).data)
+    return str(folder if folder is not None else load_dataset(None).dir)
+
+
+def _jobs(spec: StudySpec, preset: str, out: Path, seeds: list[int], names: list[str],
+          data: str | Path | None, budgets: dict[str, int]) -> list[dict[str, Any]]:
+    jobs = []
+    for name in names:
+        variant = spec.variants[name]
+        model, train = spec.layered(variant, preset)
+        folder = _data_folder(spec, variant, preset, data)
+        for seed in seeds:
+            jobs.append({"variant": name, "seed": seed, "preset": variant.preset, "model": model,
+                         "train": train, "data": folder, "max_iters": budgets.get(name),
+                         "run_dir": str(run_dir_for(out, name, seed))})
+    return jobs
+
+
+def wallclock_budget(runs: list[dict[str, Any]], baseline: str, mechanism: str) -> dict[str, Any] | None:
+    """Iterations for ``baseline`` that take as long as ``mechanism``'s runs (means over seeds).
+
+    ``iters = baseline iters * mechanism sec/step / baseline sec/step``; None when either arm
+    has no finished run to time.
+    """
+    def ok(name: str) -> list[dict[str, Any]]:
+        return [r for r in runs if r["variant"] == name and r["status"] == "ok" and r.get("sec_per_step")]
+
+    base, mech = ok(baseline), ok(mechanism)
+    if not base or not mech:
+        return None
+    base_sps = sum(r["sec_per_step"] for r in base) / len(base)
+    mech_sps = sum(r["sec_per_step"] for r in mech) / len(mech)
+    mech_iters = sum(r["iters"] for r in mech) / len(mech)
+    iters = max(1, round(mech_iters * mech_sps / base_sps))
+    return {"baseline": baseline, "mechanism": mechanism, "baseline_sec_per_step": base_sps,
+            "mechanism_sec_per_step": mech_sps, "ratio": mech_sps / base_sps, "iters": iters}
+
+
+def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
+    """Paired t-test per comparison over the seeds where both arms finished, Holm over all."""
+    from attnlab.studies.stats import holm, paired_comparison
+
+    losses = {(r["variant"], r["seed"]): r["val_loss"] for r in runs
+              if r["status"] == "ok" and r.get("val_loss") is not None}
+    rows = []
+    for comp in spec.comparisons:
+        seeds = sorted(s for (v, s) in losses if v == comp.variant and (comp.baseline, s) in losses)
+        stats = paired_comparison([losses[comp.variant, s] for s in seeds],
+                                  [losses[comp.baseline, s] for s in seeds])
+        rows.append({"baseline": comp.baseline, "variant": comp.variant, **stats, "seeds": seeds})
+    for row, p in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        row["p_holm"] = p
+    return rows
+
+
+def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict[str, Any]]:
+    """Per variant: mean, std and 95 % CI of the final val loss, plus mean params and sec/step."""
+    from attnlab.studies.stats import summarize
+
+    out = {}
+    for name, variant in spec.variants.items():
+        ok = [r for r in runs if r["variant"] == name and r["status"] == "ok" and r.get("val_loss") is not None]
+        out[name] = {**summarize([r["val_loss"] for r in ok]), "reference": variant.reference,
+                     "description": variant.description,
+                     "failed": sum(r["variant"] == name and r["status"] == "failed" for r in runs),
+                     "params": ok[0]["params"] if ok else None,
+                     "iters": ok[0]["iters"] if ok else None,
+                     "sec_per_step": (sum(r["sec_per_step"] for r in ok) / len(ok)) if ok else None}
+    return out
+
+
+def _run_lm(spec: StudySpec, preset: str, out: Path, seeds: list[int], n_jobs: int,
+            data: str | Path | None) -> dict[str, Any]:
+    clocked = [n for n, v in spec.variants.items() if v.clock_of]
+    first = [n for n in spec.variants if n not in clocked]
+    runs = execute(_jobs(spec, preset, out, seeds, first, data, {}), n_jobs, f"{spec.name} runs")
+    budgets: dict[str, dict[str, Any]] = {}
+    for name in clocked:
+        v = spec.variants[name]
+        budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
+        if budget is not None:
+            budgets[name] = budget
+    runs += execute(_jobs(spec, preset, out, seeds, list(budgets), data,
+                          {k: b["iters"] for k, b in budgets.items()}), n_jobs, f"{spec.name} wall-clock")
+    for name in clocked:
+        if name not in budgets:
+            runs += [{"variant": name, "seed": s, "status": "failed", "run_dir": str(run_dir_for(out, name, s)),
+                      "error": "no finished runs to time the wall-clock budget from"} for s in seeds]
+    return {"runs": runs, "wallclock": budgets}
+
+
+# --- retrieval and overhead studies ------------------------------------------------------------
+def _run_retrieval(spec: StudySpec, preset: str, seeds: list[int]) -> dict[str, Any]:
+    """Every table cell: run_retrieval per seed, mean accuracy over seeds."""
+    from attnlab.eval.retrieval import run_retrieval
+
+    scale = spec.scale(preset).params
+    tables = []
+    for table in spec.params.get("tables", []):
+        cells = []
+        for cell in table["cells"]:
+            args = {**table.get("defaults", {}), **cell.get("args", {})}
+            settings = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
+            per_seed = [run_retrieval(args["d"], args["patterns"], args["sigma"], args["methods"],
+                                      rounds=args.get("rounds", 2), gate=args.get("gate", "mlp"),
+                                      loss=args.get("loss", "cos-ce"), seed=s, **settings) for s in seeds]
+            mean = {m: sum(r[m] for r in per_seed) / len(per_seed) for m in args["methods"]}
+            cells.append({"column": cell["column"], "args": args, "accuracy": mean,
+                          "per_seed": per_seed, "paper": cell.get("paper", {})})
+        tables.append({"title": table["title"], "rows": table.get("rows", {}), "cells": cells})
+    return {"tables": tables}
+
+
+def _run_overhead(spec: StudySpec, preset: str, out: Path) -> dict[str, Any]:
+    """The kv-bias seed's Figure 2 through `attnlab bench overhead`'s interleaved timer."""
+    from dataclasses import asdict
+
+    from attnlab.bench import overhead
+
+    opts = {**spec.params, **spec.scale(preset).params}
+    rows, missing = overhead.measure(**opts)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    title = (f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, block {opts.get('block', 256)}, "
+             f"{opts.get('reps', 5)} interleaved reps")
+    overhead.plot(rows, str(out / "figures" / "overhead.png"), title)
+    return {"overhead": [asdict(r) for r in rows], "overhead_table": overhead.table(rows),
+            "unavailable": missing}
+
+
+# --- the study ---------------------------------------------------------------------------------
+def run_study(spec: StudySpec, preset: str, out: str | Path, seeds: int | None = None, jobs: int = 1,
+              data: str | Path | None = None) -> dict[str, Any]:
+    """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md."""
+    from attnlab.studies.report import write_report
+
+    scale = spec.scale(preset)
+    n_seeds = seeds if seeds is not None else scale.seeds
+    if n_seeds < 1 or jobs < 1:
+        raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_list = list(range(n_seeds))
+    t0 = time.perf_counter()
+    extra: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+    if spec.kind == "lm":
+        result = _run_lm(spec, preset, out, seed_list, jobs, data)
+        runs, extra["wallclock"] = result["runs"], result["wallclock"]
+    elif spec.kind == "retrieval":
+        extra.update(_run_retrieval(spec, preset, seed_list))
+    else:
+        extra.update(_run_overhead(spec, preset, out))
+    comparisons = compare(runs, spec) if runs else []
+    results = {"runs": [{k: r.get(k) for k in RUN_FIELDS} for r in runs], "comparisons": comparisons}
+    _write_json(out / "results.json", results)
+    _write_csv(out / "results.csv", results["runs"])
+    study = {"name": spec.name, "description": spec.description, "kind": spec.kind, "preset": preset,
+             "seeds": seed_list, "jobs": jobs, "source": spec.source, "notes": scale.notes,
+             "elapsed_s": time.perf_counter() - t0,
+             "retrained": sum(not r.get("skipped", True) for r in runs),
+             "variants": variant_stats(runs, spec) if runs else {}, **extra}
+    _write_json(out / "study.json", study)
+    write_report(out, spec, preset, results, study)
+    return {**results, "study": study}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    # NaN (t and p of a single pair) becomes null, so the file is strict JSON
+    path.write_text(json.dumps(_nan_to_none(data), indent=2) + "\n")
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+def _write_csv(path: Path, runs: list[dict[str, Any]]) -> None:
+    import csv
+
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
+        writer.writeheader()
+        writer.writerows(runs)

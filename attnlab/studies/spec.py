@@ -1,0 +1,209 @@
+"""Study specs: a TOML file naming variants, a baseline, comparisons, seeds and per-preset scale.
+
+A study is one of three kinds:
+
+- ``lm`` (default): language-model training runs, one per (variant, seed). Each variant is a
+  model preset plus ``model`` / ``train`` overrides. Comparisons pair a variant with a baseline
+  by seed; ``wallclock = true`` also trains the baseline for the iteration budget that matches
+  the variant's wall-clock time (variant ``<baseline>-wallclock``) and compares against it.
+- ``overhead``: seconds per training step (forward, backward, optimizer step) against width,
+  each variant timed interleaved with the first one (the reference).
+- ``retrieval``: tables of the synthetic pattern-retrieval task (no language-model training).
+
+Settings are layered, later wins: the model preset < the scale's ``model``/``train`` < the
+variant's own overrides < the scale's per-variant overrides. A scale (``[scale.ci]``,
+``[scale.cpu]``, ``[scale.paper]``) also sets ``seeds``, an optional ``data`` (a folder or a
+``{tokenizer, vocab_size}`` table for the embedded corpus) and ``notes`` saying what it scales down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import AttnlabError
+
+SCALES = ("ci", "cpu", "paper")
+KINDS = ("lm", "overhead", "retrieval")
+WALLCLOCK_SUFFIX = "-wallclock"
+
+
+@dataclass
+class Variant:
+    """One arm of the study: a model preset plus overrides."""
+
+    name: str
+    preset: str
+    description: str = ""
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    reference: float | None = None  # the seed's reported value, shown beside ours
+    # set on the generated wall-clock-matched variants: the baseline they re-run, whose time they match
+    matches: str | None = None
+    clock_of: str | None = None
+
+
+@dataclass
+class Comparison:
+    """``variant`` against ``baseline`` (paired by seed); optionally also wall-clock matched."""
+
+    baseline: str
+    variant: str
+    wallclock: bool = False
+    wallclock_reference: float | None = None  # the seed's value for the wall-clock-matched baseline
+
+
+@dataclass
+class Scale:
+    """How big the study runs at one preset."""
+
+    seeds: int
+    notes: str = ""
+    data: Any = None  # None, a folder path, or {"tokenizer": ..., "vocab_size": ...}
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # kind-specific (widths, steps, ...)
+
+
+@dataclass
+class StudySpec:
+    name: str
+    description: str
+    kind: str
+    variants: dict[str, Variant]
+    comparisons: list[Comparison]
+    scales: dict[str, Scale]
+    params: dict[str, Any] = field(default_factory=dict)  # kind-specific (tables, widths, ...)
+    source: str = ""
+
+    @property
+    def baseline(self) -> str:
+        """The first comparison's baseline (the reference arm of the study)."""
+        return self.comparisons[0].baseline if self.comparisons else next(iter(self.variants))
+
+    def scale(self, preset: str) -> Scale:
+        if preset not in self.scales:
+            raise AttnlabError(
+                f"study {self.name!r} has no preset {preset!r}; it has {', '.join(self.scales)}"
+            )
+        return self.scales[preset]
+
+    def layered(self, variant: Variant, preset: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, train) overrides for ``variant`` at ``preset``, layered as the module says."""
+        scale = self.scale(preset)
+        own = scale.variants.get(variant.matches or variant.name, {})
+        model = {**scale.model, **variant.model, **own.get("model", {})}
+        train = {**scale.train, **variant.train, **own.get("train", {})}
+        return model, train
+
+
+def _specs_dir() -> Any:
+    return resources.files("attnlab.studies") / "specs"
+
+
+def list_studies() -> list[tuple[str, str]]:
+    """(name, description) of every shipped study."""
+    out = []
+    for entry in sorted(_specs_dir().iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            spec = parse_spec(_load_toml_text(entry.read_text(), entry.name), entry.name)
+            out.append((spec.name, spec.description))
+    return out
+
+
+def _load_toml_text(text: str, where: str) -> dict[str, Any]:
+    from attnlab.train.spec import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise AttnlabError(f"study spec {where} is not valid TOML ({e})") from None
+
+
+def load_spec(name_or_path: str | Path) -> StudySpec:
+    """A shipped study by name, or a user's TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise AttnlabError(f"study spec {path} does not exist")
+        return parse_spec(_load_toml_text(path.read_text(), str(path)), str(path))
+    entry = _specs_dir() / f"{name_or_path}.toml"
+    if not entry.is_file():
+        known = ", ".join(name for name, _ in list_studies())
+        raise AttnlabError(f"unknown study {str(name_or_path)!r} (known: {known}; or pass a .toml path)")
+    return parse_spec(_load_toml_text(entry.read_text(), entry.name), entry.name)
+
+
+def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise AttnlabError(f"{where}: {key} must be a table, not {type(value).__name__}")
+    return value
+
+
+def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    from attnlab.config import unknown_key_message
+
+    for key in data:
+        if key not in allowed:
+            raise AttnlabError(f"{where}: " + unknown_key_message(key, list(allowed), "study"))
+
+
+def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
+    """Validate a study table (as read from TOML) into a StudySpec."""
+    where = source or "study spec"
+    _check_keys(data, ("name", "description", "kind", "variants", "comparisons", "scale", "params"), where)
+    kind = data.get("kind", "lm")
+    if kind not in KINDS:
+        raise AttnlabError(f"{where}: kind={kind!r} is not allowed; choose one of {', '.join(KINDS)}")
+    variants: dict[str, Variant] = {}
+    for name, v in _table(data, "variants", where).items():
+        _check_keys(v, ("preset", "description", "model", "train", "reference"), f"{where} variant {name}")
+        if "preset" not in v:
+            raise AttnlabError(f"{where}: variant {name!r} needs a preset")
+        variants[name] = Variant(name, v["preset"], v.get("description", ""), _table(v, "model", where),
+                                 _table(v, "train", where), v.get("reference"))
+    if kind == "lm" and not variants:
+        raise AttnlabError(f"{where}: a {kind} study needs at least one variant")
+    comparisons = []
+    for c in data.get("comparisons", []):
+        _check_keys(c, ("baseline", "variant", "wallclock", "wallclock_reference"), f"{where} comparison")
+        for role in ("baseline", "variant"):
+            if c.get(role) not in variants:
+                raise AttnlabError(f"{where}: comparison {role} {c.get(role)!r} is not a variant")
+        comparisons.append(Comparison(c["baseline"], c["variant"], bool(c.get("wallclock", False)),
+                                      c.get("wallclock_reference")))
+    scales = {}
+    for preset, s in _table(data, "scale", where).items():
+        if preset not in SCALES:
+            raise AttnlabError(f"{where}: scale {preset!r} is not one of {', '.join(SCALES)}")
+        _check_keys(s, ("seeds", "notes", "data", "model", "train", "variants", "params"), f"{where} scale {preset}")
+        per_variant = _table(s, "variants", where)
+        for name in per_variant:
+            if name not in variants:
+                raise AttnlabError(f"{where}: scale {preset} overrides unknown variant {name!r}")
+        scales[preset] = Scale(int(s.get("seeds", 1)), s.get("notes", ""), s.get("data"),
+                               _table(s, "model", where), _table(s, "train", where), per_variant,
+                               _table(s, "params", where))
+    if not scales:
+        raise AttnlabError(f"{where}: a study needs at least one [scale.<preset>] table")
+    spec = StudySpec(data.get("name") or Path(source).stem, data.get("description", ""), kind, variants,
+                     comparisons, scales, _table(data, "params", where), source)
+    _add_wallclock_variants(spec)
+    return spec
+
+
+def _add_wallclock_variants(spec: StudySpec) -> None:
+    """For each wall-clock comparison, the baseline re-run at the matched budget and its comparison."""
+    for comp in [c for c in spec.comparisons if c.wallclock]:
+        name = comp.baseline + WALLCLOCK_SUFFIX
+        if name in spec.variants:  # a second mechanism timed against the same baseline
+            name = f"{comp.baseline}{WALLCLOCK_SUFFIX}-{comp.variant}"
+        base = spec.variants[comp.baseline]
+        spec.variants[name] = Variant(
+            name, base.preset, f"{comp.baseline} trained for {comp.variant}'s wall-clock time",
+            dict(base.model), dict(base.train), comp.wallclock_reference, comp.baseline, comp.variant)
+        spec.comparisons.append(Comparison(name, comp.variant))

@@ -1,0 +1,144 @@
+"""Every bad input gets one line on stderr and exit status 2, never a traceback (--debug shows it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from test_untrusted import model_dir  # noqa: F401  (a fixture: a saved tiny model folder)
+
+TINY = ["block_size=32", "n_layer=2", "n_head=4", "n_embd=32", "max_iters=2", "eval_iters=1",
+        "batch_size=4", "device=cpu", "tensorboard=false"]  # fmt: skip
+
+
+def error_line(p: subprocess.CompletedProcess, command: str) -> str:
+    """The one error line of a failed command, without its ``attnlab CMD: error:`` prefix."""
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    prefix = f"attnlab {command}: error: "
+    assert lines[0].startswith(prefix)
+    return lines[0][len(prefix) :]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["n_embd=30", "n_head=4"], "n_embd=30 must be divisible by n_head=4"),
+        (["n_layer=-1"], "n_layer=-1 must be > 0"),
+        (["batch_size=0"], "batch_size=0 must be > 0"),
+        (["norm=batchnorm"], "norm='batchnorm' is not allowed; choose one of 'layernorm', 'rmsnorm'"),
+        (["pos=alibi"], "pos='alibi' is not allowed; choose one of 'learned', 'rope'"),
+        (["lerning_rate=1"], "unknown config key 'lerning_rate'; did you mean 'learning_rate'?"),
+        (["n_layers=2"], "unknown config key 'n_layers'; did you mean 'n_layer'?"),
+        (["--preset", "shakespeare-chr"], "unknown preset 'shakespeare-chr' (did you mean shakespeare-char"),
+    ],
+)
+def test_bad_train_config(tiny_data: Path, tmp_path: Path, args, expected):
+    p = run_cli("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *args)
+    assert error_line(p, "train").startswith(expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_debug_shows_the_traceback(tiny_data: Path, tmp_path: Path):
+    p = run_cli("--debug", "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"),
+                "lerning_rate=1")
+    assert p.returncode != 0
+    assert "Traceback (most recent call last)" in p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "attnlab.errors.AttnlabError: unknown config key 'lerning_rate'; did you mean 'learning_rate'?"
+    )
+
+
+def _missing(tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path / "missing.txt", "{path}: no such file or folder"
+
+
+def _empty(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n")
+    return path, "{path}: empty corpus (no text)"
+
+
+def _latin1(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Fair Verona, caf\u00e9\n".encode("latin-1"))
+    return path, "{path}: not UTF-8 text (byte 0xe9 at offset 17)"
+
+
+@pytest.mark.parametrize("make", [_missing, _empty, _latin1])
+def test_bad_corpus(tmp_path: Path, make):
+    path, expected = make(tmp_path)
+    p = run_cli("prepare", "--corpus", str(path), "--out", str(tmp_path / "data"))
+    assert error_line(p, "prepare") == expected.format(path=path)
+    assert not (tmp_path / "data").exists()
+
+
+def test_prompt_outside_the_char_vocabulary(model_dir: Path):  # noqa: F811
+    p = run_cli("sample", str(model_dir), "--prompt", "To be \u20ac or \u2603", "--device", "cpu",
+                "--max-new-tokens", "2")
+    assert error_line(p, "sample") == "2 character(s) not in the vocabulary: '\u20ac', '\u2603'"
+
+
+@pytest.fixture
+def short_data(tmp_path: Path) -> Path:
+    """A prepared folder of 300 characters (270 train, 30 val tokens)."""
+    from attnlab.data.prepare import prepare
+
+    (tmp_path / "short.txt").write_text(("abcdefghij" * 30)[:299] + "\n")
+    return prepare(sources=[str(tmp_path / "short.txt")], out=tmp_path / "short")
+
+
+@pytest.mark.parametrize(("block", "split"), [(64, "val"), (512, "train")])
+def test_data_shorter_than_a_block(short_data: Path, tmp_path: Path, block, split):
+    n = json.loads((short_data / "meta.json").read_text())[f"{split}_tokens"]
+    assert n < block + 1
+    p = run_cli("train", "--data", str(short_data), "--out", str(tmp_path / "run"), *TINY,
+                f"block_size={block}")
+    assert error_line(p, "train") == (
+        f"{short_data / f'{split}.bin'}: {n} tokens, too few for block_size={block} "
+        f"(need at least {block + 1})"
+    )
+
+
+def _poison_bin(data: Path, split: str) -> tuple[int, int]:
+    """Put the id vocab_size + 7 into the middle of ``split``.bin; return (id, vocab_size)."""
+    meta = json.loads((data / "meta.json").read_text())
+    tokens = np.fromfile(data / f"{split}.bin", dtype=meta["dtype"])
+    bad = meta["vocab_size"] + 7
+    tokens[len(tokens) // 2] = bad
+    tokens.tofile(data / f"{split}.bin")
+    return bad, meta["vocab_size"]
+
+
+def test_out_of_range_token_id_in_train_bin(tiny_data: Path, tmp_path: Path):
+    data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
+    bad, vocab = _poison_bin(data, "train")
+    p = run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), *TINY)
+    assert error_line(p, "train") == f"{data / 'train.bin'}: token id {bad} >= vocab size {vocab}"
+
+
+def test_out_of_range_token_id_in_eval_data(model_dir: Path, tiny_data: Path, tmp_path: Path):  # noqa: F811
+    data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
+    bad, vocab = _poison_bin(data, "val")
+    p = run_cli("eval", str(model_dir), "--data", str(data), "--device", "cpu")
+    assert error_line(p, "eval") == f"{data / 'val.bin'}: token id {bad} >= vocab size {vocab}"
+
+
+def test_resume_of_a_folder_that_is_not_a_run(model_dir: Path, tmp_path: Path):  # noqa: F811
+    p = run_cli("train", "--resume", str(tmp_path / "nowhere"))
+    assert error_line(p, "train") == (
+        f"cannot resume {tmp_path / 'nowhere'}: no config.json (is it a run folder?)"
+    )
+    # a model folder has a config.json too, but not a run's
+    p = run_cli("train", "--resume", str(model_dir))
+    assert error_line(p, "train") == (
+        f"cannot resume {model_dir}: its config.json is not a run's "
+        "(a model folder? resume the run folder above it)"
+    )

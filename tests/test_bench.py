@@ -1,0 +1,141 @@
+"""`attnlab bench overhead|train|generate`: tiny runs end to end, and the pieces they rest on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from attnlab.bench import _timing
+from attnlab.bench.generate import quarter_ratio
+from attnlab.bench.overhead import MECHANISMS, count_params, matched_width
+from attnlab.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run `attnlab bench ...` in this process; return stdout after checking the exit code."""
+    assert main(["bench", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """First cell of each table line (cells are separated by two or more spaces) -> the other cells."""
+    import re
+
+    rows = {}
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) > 2:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_interleaved_rotates_order_and_takes_median_of_ratios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [0.0]
+    calls: list[str] = []
+    # each variant advances a fake clock; B's cost doubles in the third repetition only
+    costs = {"A": [1.0, 1.0, 1.0, 1.0], "B": [2.0, 2.0, 4.0, 2.0], "C": [3.0, 3.0, 3.0, 3.0]}
+
+    def variant(name: str):
+        def fn() -> None:
+            rep = max(0, sum(c == name for c in calls) - 1)  # first call is the warm-up
+            calls.append(name)
+            clock[0] += costs[name][rep]
+
+        return fn
+
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: clock[0])
+    t = _timing.interleaved({n: variant(n) for n in "ABC"}, "A", reps=4, warmup=1)
+    assert calls == list("ABC") + list("ABC") + list("BCA") + list("CAB") + list("ABC")
+    assert t["B"].seconds == [2.0, 2.0, 4.0, 2.0]
+    assert t["B"].ratios == [2.0, 2.0, 4.0, 2.0]
+    assert t["B"].ratio == 2.0  # the median ignores the one slow repetition
+    assert t["A"].ratio == 1.0 and t["C"].ratio == 3.0
+    with pytest.raises(ValueError, match="baseline"):
+        _timing.interleaved({"A": variant("A")}, "Z", reps=1)
+
+
+def test_count_params_by_hand() -> None:
+    # no biases: per block 12 E^2 (attention 4 E^2, MLP 8 E^2) + 2 norms; wte (tied), wpe, ln_f
+    v, t, e, n = 65, 256, 128, 6
+    vanilla = v * e + t * e + n * (12 * e * e + 2 * e) + e
+    cfg = tiny_model(n_layer=n, n_embd=e, block_size=t, vocab_size=v)
+    assert count_params(cfg) == vanilla
+    assert (
+        count_params(cfg.replace(use_m_gate=True)) == vanilla + n * 4 * e * e
+    )  # W_kvm, W_gm: E -> 2E
+    assert count_params(cfg.replace(value_gate=True)) == vanilla + n * e * e  # W_E: E -> E
+    assert count_params(cfg.replace(twicing=True)) == vanilla
+
+
+def test_kv_bias_matches_the_seed_at_112() -> None:
+    """The seed pairs vanilla at 128 with K/V-bias at 112 (6 layers, 4 heads, char vocab)."""
+    base = tiny_model(n_layer=6, n_embd=128, block_size=256, vocab_size=65)
+    assert matched_width(base, MECHANISMS["kv-bias"], count_params(base)) == 112
+    assert matched_width(base, MECHANISMS["twicing"], count_params(base)) == 128
+
+
+def test_reference_step_is_our_gpt_exactly() -> None:
+    """The plain reference the train bench races against computes the same loss and gradients."""
+    from attnlab.bench.train import reference_loss
+    from attnlab.model import GPT
+
+    cfg = tiny_model(bias=True)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    x, y = (
+        torch.randint(cfg.vocab_size, (2, cfg.block_size)),
+        torch.randint(cfg.vocab_size, (2, cfg.block_size)),
+    )
+    _, ours = model(x, y)
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    ref = reference_loss(params, cfg, x, y)
+    assert torch.equal(ours, ref)
+    ours.backward()
+    ref.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, params[name].grad, rtol=0, atol=5e-7, msg=name)
+
+
+def test_quarter_ratio_by_hand() -> None:
+    assert quarter_ratio([1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 4.0, 8.0]) == pytest.approx(6.0 / 2.0)
+
+
+def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "overhead.png"
+    out = bench(capsys, "overhead", "--quick", "--out", str(png))
+    rows = table_rows(out)
+    for width in (16, 32):
+        assert rows[f"vanilla @{width}"][1] == "equal"
+        assert rows[f"vanilla @{width}"][2].replace(",", "") == str(
+            count_params(tiny_model(n_layer=1, n_embd=width, block_size=16, vocab_size=65))
+        )
+        assert rows[f"vanilla @{width}"][4] == "1.000"  # every ratio to itself is exactly 1
+        for name in MECHANISMS:
+            assert rows[f"{name} @{width}"][1] == "equal"
+    assert rows["kv-bias @28"][:2] == ["32", "params"]  # the parameter-matched partner of 32
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bench_train_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    out = bench(capsys, "train", "--quick")
+    rows = table_rows(out)
+    assert set(rows) >= {"attnlab GPT", "plain reference"}
+    assert rows["attnlab GPT"][3] == "1.000"
+    assert "speed relative to the plain reference" in out
+    assert "76,992" not in out  # quick mode runs a tiny model, not the full preset
+
+
+def test_bench_generate_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "generate.png"
+    out = bench(capsys, "generate", "--quick", "--out", str(png))
+    rows = table_rows(out)
+    for name in ["vanilla", *MECHANISMS]:
+        assert rows[name][-1] == "yes", f"{name}: cached greedy decoding differs from recompute"
+    assert png.read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,185 @@
+"""Crash safety: SIGKILLed runs resume bit-identically; failed checkpoint writes lose nothing.
+
+Kills inside a checkpoint write are made deterministic by the test hook
+``ATTNLAB_TEST_KILL_DURING_SAVE="STAGE:N"`` (attnlab/train/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_cli
+from safetensors.torch import load_file
+
+from attnlab.errors import AttnlabError
+from attnlab.train import checkpoint as ckpt
+
+# block 32, 2 layers, width 32, dropout on so that the saved RNG state matters
+RUN_ARGS = [
+    "block_size=32", "n_layer=2", "n_head=4", "n_embd=32", "bias=false", "dropout=0.1",
+    "max_iters=24", "batch_size=8", "eval_interval=8", "eval_iters=2", "log_interval=4",
+    "ckpt_interval=3", "warmup_iters=2", "learning_rate=3e-3", "min_lr=3e-4",
+    "device=cpu", "tensorboard=false",
+]  # fmt: skip
+# one thread everywhere: identical kernels in every process, and no oversubscription under -n 2
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def train_cmd(data: Path, out: Path) -> list[str]:
+    return ["train", "--data", str(data), "--out", str(out), *RUN_ARGS]
+
+
+def saved_iter(folder: Path) -> int:
+    return ckpt.read_trainer_state(folder)["state"]["iter"]
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with (run / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def leftovers(run: Path) -> list[str]:
+    return sorted(p.name for p in run.iterdir() if ".tmp-" in p.name or p.name.endswith(ckpt.ASIDE))
+
+
+def kill_when_logged(run: Path, it: int) -> int:
+    """Resume ``run`` and SIGKILL it from outside once metrics.csv reaches iteration ``it``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab", "train", "--resume", str(run)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None:
+            if any(int(r["iter"]) >= it for r in metrics(run)):
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigkill_at_several_points_then_resume_is_bit_identical(tiny_data: Path, tmp_path: Path):
+    ref_dir, run = tmp_path / "ref", tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
+    # the uninterrupted reference runs alongside the interrupted chain
+    reference = subprocess.Popen([sys.executable, "-m", "attnlab", *train_cmd(tiny_data, ref_dir)],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    # 1. killed while the 2nd checkpoint (latest at iter 6) is half written
+    p = run_cli(*train_cmd(tiny_data, run), env={**ENV, ckpt.KILL_HOOK: "write:2"})
+    assert p.returncode == -signal.SIGKILL
+    assert saved_iter(run / "latest") == 3
+    assert any(name.startswith(".latest.tmp-") for name in leftovers(run))
+
+    # 2. resumed, then killed between the two renames of its 3rd save (latest at iter 9;
+    #    its saves are latest@6, best@8, latest@9): only the aside copy of latest@6 exists
+    p = run_cli("train", "--resume", str(run), env={**ENV, ckpt.KILL_HOOK: "swap:3"})
+    assert p.returncode == -signal.SIGKILL
+    assert not (run / "latest").exists()
+    assert ckpt.checkpoint_dir(run / "latest") == run / f"latest{ckpt.ASIDE}"
+    assert saved_iter(run / f"latest{ckpt.ASIDE}") == 6
+
+    # 3. resumed from the aside copy, killed from outside at an arbitrary moment
+    assert kill_when_logged(run, 16) in (-signal.SIGKILL, 0)
+
+    # 4. resumed to the end
+    p = run_cli("train", "--resume", str(run), env=ENV)
+    assert p.returncode == 0, p.stderr
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()
+
+    assert saved_iter(run / "latest") == 24
+    assert leftovers(run) == []
+    for name in ("latest", "best"):
+        got, want = load_file(run / name / ckpt.WEIGHTS), load_file(ref_dir / name / ckpt.WEIGHTS)
+        assert got.keys() == want.keys()
+        for key in want:
+            assert torch.equal(got[key], want[key]), f"{name}/{key} differs"
+    # metrics.csv: rows after each resume point were dropped and logged again, once
+    got_rows, want_rows = metrics(run), metrics(ref_dir)
+    assert [r["iter"] for r in got_rows] == [r["iter"] for r in want_rows]
+    assert [r["val_loss"] for r in got_rows] == [r["val_loss"] for r in want_rows]
+
+
+def test_resume_before_the_first_checkpoint_says_so(tiny_data: Path, tmp_path: Path):
+    from conftest import tiny_model, tiny_train
+
+    from attnlab.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    Trainer(run, tiny_model(), tiny_train(), tiny_data, quiet=True)  # killed before any save
+    with pytest.raises(AttnlabError) as err:
+        Trainer(run, resume=True)
+    assert str(err.value) == f"cannot resume {run}: no complete checkpoint in latest/"
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _eacces(*args, **kwargs):
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+
+TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+
+
+def _torch_full_disk(*args, **kwargs):
+    # what torch.save raises when the disk fills up (seen writing to /dev/full)
+    raise RuntimeError(TORCH_FULL_DISK)
+
+
+@pytest.mark.parametrize(
+    ("target", "fault", "reason"),
+    [
+        ("safetensors.torch.save_file", _enospc, "No space left on device"),
+        ("pathlib.Path.mkdir", _eacces, "Permission denied"),
+        ("torch.save", _torch_full_disk, TORCH_FULL_DISK),
+    ],
+)
+def test_failed_checkpoint_write_keeps_the_previous_one(train_tiny, tmp_path, monkeypatch,
+                                                       target, fault, reason):
+    run = tmp_path / "run"
+    trainer, _ = train_tiny(run, until=6, max_iters=12, ckpt_interval=3)
+    before = {p.name: p.read_bytes() for p in (run / "latest").iterdir()}
+    monkeypatch.setattr(target, fault)
+    with pytest.raises(AttnlabError) as err:
+        trainer.run()
+    monkeypatch.undo()
+    msg = str(err.value)
+    assert msg == (f"could not write checkpoint {run / 'latest'} ({reason}); "
+                   "the previous checkpoint is intact")
+    assert {p.name: p.read_bytes() for p in (run / "latest").iterdir()} == before
+    assert leftovers(run) == []
+    model, _ = ckpt.load_pretrained(run / "latest")
+    for key, value in load_file(run / "latest" / ckpt.WEIGHTS).items():
+        assert torch.equal(model.state_dict()[key], value)
+    assert saved_iter(run / "latest") == 6
+
+
+def test_cli_reports_a_full_disk_in_one_line(tiny_data, tmp_path, monkeypatch, capsys):
+    from attnlab.cli import main
+
+    calls = []
+    real = ckpt.write_model_folder
+
+    def fills_up_on_second_save(*args, **kwargs):
+        calls.append(1)
+        return _enospc() if len(calls) == 2 else real(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "write_model_folder", fills_up_on_second_save)
+    run = tmp_path / "run"
+    assert main(train_cmd(tiny_data, run)) == 2
+    err = capsys.readouterr().err
+    assert err == (f"attnlab train: error: could not write checkpoint {run / 'latest'} "
+                   "(No space left on device); the previous checkpoint is intact\n")
+    assert saved_iter(run / "latest") == 3

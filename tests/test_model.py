@@ -1,0 +1,100 @@
+"""Backbone behaviour: parameter counts, optimizer groups, sampling filters, KV-cached decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from attnlab import GPT
+from attnlab.model.generation import filter_logits, sample_next
+
+CONFIGS = {
+    "vanilla": {},
+    "bias": {"bias": True},
+    "gqa-rope-rms-swiglu": {"n_kv_head": 2, "pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "ffn_sublayers": 2},
+    "post-ln": {"norm_placement": "post"},
+    "kv-bias": {"use_m_gate": True},
+    "value-gate": {"value_gate": True, "n_kv_head": 1},
+    "twicing": {"twicing": True},
+    "all": {"use_m_gate": True, "value_gate": True, "twicing": True, "n_kv_head": 2, "pos": "rope"},
+}
+
+
+def build(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(tiny_model(**overrides)).eval()
+
+
+def test_parameter_count_matches_nanogpt_formula() -> None:
+    v, e, t, n_layer = 96, 32, 32, 2
+    per_layer = 2 * e + (e * 3 * e) + (e * e) + (e * 4 * e) + (4 * e * e)  # no bias
+    expected = v * e + t * e + n_layer * per_layer + e
+    model = build()
+    assert model.get_num_params(non_embedding=False) == expected
+    assert model.get_num_params() == expected - t * e
+
+
+def test_optimizer_groups_decay_matrices_only() -> None:
+    model = build(bias=True)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.get_num_params(False)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cached_decoding_equals_full_recompute(name: str) -> None:
+    model = build(**CONFIGS[name])
+    prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(prompt, 20, temperature=0.0, use_cache=True)
+    full = model.generate(prompt, 20, temperature=0.0, use_cache=False)
+    assert torch.equal(cached, full)
+    # logits too: prefill, one step and a chunk of steps against one full forward
+    cache = model.new_cache()
+    parts = [model(full[:, :9], cache=cache, all_logits=True)[0], model(full[:, 9:10], cache=cache)[0],
+             model(full[:, 10:16], cache=cache, all_logits=True)[0]]
+    torch.testing.assert_close(torch.cat(parts, dim=1), model(full[:, :16], all_logits=True)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_generation_past_block_size_crops_like_nanogpt() -> None:
+    model = build()
+    prompt = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(2))
+    out = model.generate(prompt, 10, temperature=0.0)  # crosses block_size 32
+    assert out.shape == (1, 40)
+    idx = prompt
+    for _ in range(10):  # nanoGPT's loop: crop the context, take the argmax
+        logits, _ = model(idx[:, -32:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, idx)
+
+
+def test_eos_stops_generation_and_pads_finished_rows() -> None:
+    model = build()
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    first = model.generate(prompt, 1, temperature=0.0)[0, -1].item()
+    out = model.generate(prompt, 10, temperature=0.0, eos_token_id=first)
+    assert out.shape == (1, 4) and out[0, -1].item() == first
+
+
+def test_top_k_and_top_p_filters_by_hand() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    kept = torch.isfinite(filter_logits(logits, top_k=2))
+    assert kept.tolist() == [[True, True, False, False, False]]
+    kept = torch.isfinite(filter_logits(logits, top_p=0.6))  # 0.5 < 0.6 <= 0.7: two tokens
+    assert kept.tolist() == [[True, True, False, False, False]]
+    kept = torch.isfinite(filter_logits(logits, top_p=0.5))  # the first alone reaches 0.5
+    assert kept.tolist() == [[True, False, False, False, False]]
+    shuffled = logits[:, [3, 0, 4, 1, 2]]
+    assert torch.isfinite(filter_logits(shuffled, top_p=0.6)).tolist() == [[False, True, False, True, False]]
+
+
+def test_temperature_zero_is_greedy_and_sampling_is_seeded() -> None:
+    logits = torch.tensor([[0.1, 3.0, 0.2]])
+    assert sample_next(logits, temperature=0.0).item() == 1
+    draws = [sample_next(logits.repeat(64, 1), 1.0, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(draws[0], draws[1])
+    assert set(sample_next(logits.repeat(256, 1), 5.0, top_k=2,
+                           generator=torch.Generator().manual_seed(0)).flatten().tolist()) == {1, 2}
