@@ -182,7 +182,7 @@ def export_model(
         "onnx-int8": lambda: write_onnx_int8(out / FILES["onnx"], out / FILES["onnx-int8"]),
     }
     written = {}
-    for fmt in formats:
+    for fmt in parse_formats(",".join(formats)):
         writers[fmt]()
         written[fmt] = out / FILES[fmt]
         if log is not None:

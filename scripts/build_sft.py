@@ -75,8 +75,10 @@ def pair(rng: random.Random, s: Speech) -> dict[str, str]:
     if kind == 0:
         given = s.lines[: i + 1][-2:]
         rest = s.lines[i + 1 : i + 3]
-        return {"prompt": f"Continue this speech of {s.speaker} from {s.title}:\n" + "\n".join(given),
-                "response": "\n".join(rest)}
+        return {
+            "prompt": f"Continue this speech of {s.speaker} from {s.title}:\n" + "\n".join(given),
+            "response": "\n".join(rest),
+        }
     if kind == 1:
         return {"prompt": f"Which play is this line from?\n{s.lines[i]}", "response": s.title}
     return {"prompt": f"Who speaks this line in {s.title}?\n{s.lines[i]}", "response": s.speaker}
@@ -84,9 +86,11 @@ def pair(rng: random.Random, s: Speech) -> dict[str, str]:
 
 def chat(rng: random.Random, s: Speech) -> dict[str, list[dict[str, str]]]:
     i = rng.randrange(len(s.lines) - 1)
-    turns = [(f"Which play is this line from?\n{s.lines[i]}", f"It is from {s.title}."),
-             ("Who speaks it?", f"{s.speaker} says it."),
-             ("How does the speech go on?", "\n".join(s.lines[i + 1 : i + 3]))]
+    turns = [
+        (f"Which play is this line from?\n{s.lines[i]}", f"It is from {s.title}."),
+        ("Who speaks it?", f"{s.speaker} says it."),
+        ("How does the speech go on?", "\n".join(s.lines[i + 1 : i + 3])),
+    ]
     messages = [{"role": "system", "content": SYSTEM}] if rng.random() < 0.5 else []
     for user, assistant in turns[: rng.randint(1, 3)]:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
@@ -108,7 +112,11 @@ def main() -> None:
     ap.add_argument("--chats", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    pool = [s for title, text in embedded_documents() for s in speeches(title, split_document(text, 0.1)[0])]
+    pool = [
+        s
+        for title, text in embedded_documents()
+        for s in speeches(title, split_document(text, 0.1)[0])
+    ]
     rng = random.Random(args.seed)
     write_xz(SHIPPED["instruct"], [pair(rng, rng.choice(pool)) for _ in range(args.pairs)])
     write_xz(SHIPPED["chat"], [chat(rng, rng.choice(pool)) for _ in range(args.chats)])

@@ -197,19 +197,18 @@ def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     from attnlab.analyze.names import name_test, sample_texts, training_cast
 
     model, tok = from_pretrained(runs[1])
-    texts = sample_texts(model, tok, samples=3, length=100, seed=5)
-    assert texts == sample_texts(model, tok, samples=3, length=100, seed=5)
-    assert texts != sample_texts(model, tok, samples=3, length=100, seed=6)
-    assert [len(t) for t in texts] == [101] * 3  # prompt "\n" + 100 characters
+    texts = sample_texts(model, tok, samples=3, length=70, seed=5)  # block 32: three segments
+    assert texts != sample_texts(model, tok, samples=3, length=70, seed=6)
+    assert [len(t) for t in texts] == [71] * 3  # prompt "\n" + 70 characters
     # within one block the segmented sampler is plain cached sampling: identical to the exact window
     short = sample_texts(model, tok, samples=2, length=30, seed=1)
     assert short == sample_texts(model, tok, samples=2, length=30, seed=1, exact_window=True)
 
     cast, style, _ = training_cast(tiny_data)
     assert style == "dot" and {"COUNTESS", "HELENA", "CLEOPATRA"} <= cast
-    report = name_test(list(runs), samples=3, length=100, seed=5)
-    assert report == name_test(list(runs), samples=3, length=100, seed=5)
+    report = name_test(list(runs), samples=3, length=70, seed=5)
     assert report["cast_size"] == len(cast) and report["style"] == "dot"
+    # a fresh model and generator reproduce the samples scored above
     assert report["runs"][str(runs[1])] == score_names(texts, cast, style)
 
 

@@ -33,11 +33,17 @@ def error_line(p: subprocess.CompletedProcess, command: str) -> str:
         (["n_embd=30", "n_head=4"], "n_embd=30 must be divisible by n_head=4"),
         (["n_layer=-1"], "n_layer=-1 must be > 0"),
         (["batch_size=0"], "batch_size=0 must be > 0"),
-        (["norm=batchnorm"], "norm='batchnorm' is not allowed; choose one of 'layernorm', 'rmsnorm'"),
+        (
+            ["norm=batchnorm"],
+            "norm='batchnorm' is not allowed; choose one of 'layernorm', 'rmsnorm'",
+        ),
         (["pos=alibi"], "pos='alibi' is not allowed; choose one of 'learned', 'rope'"),
         (["lerning_rate=1"], "unknown config key 'lerning_rate'; did you mean 'learning_rate'?"),
         (["n_layers=2"], "unknown config key 'n_layers'; did you mean 'n_layer'?"),
-        (["--preset", "shakespeare-chr"], "unknown preset 'shakespeare-chr' (did you mean shakespeare-char"),
+        (
+            ["--preset", "shakespeare-chr"],
+            "unknown preset 'shakespeare-chr' (did you mean shakespeare-char",
+        ),
     ],
 )
 def test_bad_train_config(tiny_data: Path, tmp_path: Path, args, expected):
@@ -47,8 +53,15 @@ def test_bad_train_config(tiny_data: Path, tmp_path: Path, args, expected):
 
 
 def test_debug_shows_the_traceback(tiny_data: Path, tmp_path: Path):
-    p = run_cli("--debug", "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"),
-                "lerning_rate=1")
+    p = run_cli(
+        "--debug",
+        "train",
+        "--data",
+        str(tiny_data),
+        "--out",
+        str(tmp_path / "run"),
+        "lerning_rate=1",
+    )
     assert p.returncode != 0
     assert "Traceback (most recent call last)" in p.stderr
     assert p.stderr.splitlines()[-1] == (
@@ -69,7 +82,7 @@ def _empty(tmp_path: Path) -> tuple[Path, str]:
 def _latin1(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "latin1.txt"
     path.write_bytes("Fair Verona, caf\u00e9\n".encode("latin-1"))
-    return path, "{path}: not UTF-8 text (byte 0xe9 at offset 17)"
+    return path, "{path}: not UTF-8 text (byte 0xe9 at offset 16)"
 
 
 @pytest.mark.parametrize("make", [_missing, _empty, _latin1])
@@ -81,17 +94,25 @@ def test_bad_corpus(tmp_path: Path, make):
 
 
 def test_prompt_outside_the_char_vocabulary(model_dir: Path):  # noqa: F811
-    p = run_cli("sample", str(model_dir), "--prompt", "To be \u20ac or \u2603", "--device", "cpu",
-                "--max-new-tokens", "2")
+    p = run_cli(
+        "sample",
+        str(model_dir),
+        "--prompt",
+        "To be \u20ac or \u2603",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "2",
+    )
     assert error_line(p, "sample") == "2 character(s) not in the vocabulary: '\u20ac', '\u2603'"
 
 
 @pytest.fixture
 def short_data(tmp_path: Path) -> Path:
-    """A prepared folder of 300 characters (270 train, 30 val tokens)."""
+    """A prepared folder of 300 characters in 30 lines (270 train, 30 val tokens)."""
     from attnlab.data.prepare import prepare
 
-    (tmp_path / "short.txt").write_text(("abcdefghij" * 30)[:299] + "\n")
+    (tmp_path / "short.txt").write_text("abcdefghi\n" * 30)
     return prepare(sources=[str(tmp_path / "short.txt")], out=tmp_path / "short")
 
 
@@ -99,8 +120,15 @@ def short_data(tmp_path: Path) -> Path:
 def test_data_shorter_than_a_block(short_data: Path, tmp_path: Path, block, split):
     n = json.loads((short_data / "meta.json").read_text())[f"{split}_tokens"]
     assert n < block + 1
-    p = run_cli("train", "--data", str(short_data), "--out", str(tmp_path / "run"), *TINY,
-                f"block_size={block}")
+    p = run_cli(
+        "train",
+        "--data",
+        str(short_data),
+        "--out",
+        str(tmp_path / "run"),
+        *TINY,
+        f"block_size={block}",
+    )
     assert error_line(p, "train") == (
         f"{short_data / f'{split}.bin'}: {n} tokens, too few for block_size={block} "
         f"(need at least {block + 1})"

@@ -54,8 +54,12 @@ def leftovers(run: Path) -> list[str]:
 def kill_when_logged(run: Path, it: int) -> int:
     """Resume ``run`` and SIGKILL it from outside once metrics.csv reaches iteration ``it``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "attnlab", "train", "--resume", str(run)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "train", "--resume", str(run)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while proc.poll() is None:
             if any(int(r["iter"]) >= it for r in metrics(run)):
@@ -72,8 +76,13 @@ def test_sigkill_at_several_points_then_resume_is_bit_identical(tiny_data: Path,
     ref_dir, run = tmp_path / "ref", tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
     # the uninterrupted reference runs alongside the interrupted chain
-    reference = subprocess.Popen([sys.executable, "-m", "attnlab", *train_cmd(tiny_data, ref_dir)],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", *train_cmd(tiny_data, ref_dir)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     # 1. killed while the 2nd checkpoint (latest at iter 6) is half written
     p = run_cli(*train_cmd(tiny_data, run), env={**ENV, ckpt.KILL_HOOK: "write:2"})
@@ -146,8 +155,9 @@ def _torch_full_disk(*args, **kwargs):
         ("torch.save", _torch_full_disk, TORCH_FULL_DISK),
     ],
 )
-def test_failed_checkpoint_write_keeps_the_previous_one(train_tiny, tmp_path, monkeypatch,
-                                                       target, fault, reason):
+def test_failed_checkpoint_write_keeps_the_previous_one(
+    train_tiny, tmp_path, monkeypatch, target, fault, reason
+):
     run = tmp_path / "run"
     trainer, _ = train_tiny(run, until=6, max_iters=12, ckpt_interval=3)
     before = {p.name: p.read_bytes() for p in (run / "latest").iterdir()}
@@ -156,8 +166,9 @@ def test_failed_checkpoint_write_keeps_the_previous_one(train_tiny, tmp_path, mo
         trainer.run()
     monkeypatch.undo()
     msg = str(err.value)
-    assert msg == (f"could not write checkpoint {run / 'latest'} ({reason}); "
-                   "the previous checkpoint is intact")
+    assert msg == (
+        f"could not write checkpoint {run / 'latest'} ({reason}); the previous checkpoint is intact"
+    )
     assert {p.name: p.read_bytes() for p in (run / "latest").iterdir()} == before
     assert leftovers(run) == []
     model, _ = ckpt.load_pretrained(run / "latest")
@@ -180,6 +191,21 @@ def test_cli_reports_a_full_disk_in_one_line(tiny_data, tmp_path, monkeypatch, c
     run = tmp_path / "run"
     assert main(train_cmd(tiny_data, run)) == 2
     err = capsys.readouterr().err
-    assert err == (f"attnlab train: error: could not write checkpoint {run / 'latest'} "
-                   "(No space left on device); the previous checkpoint is intact\n")
+    assert err == (
+        f"attnlab train: error: could not write checkpoint {run / 'latest'} "
+        "(No space left on device); the previous checkpoint is intact\n"
+    )
     assert saved_iter(run / "latest") == 3
+
+
+def test_resume_drops_metrics_rows_after_the_checkpoint_and_a_torn_row(tmp_path: Path):
+    from attnlab.train.trainer import MetricsLog
+
+    (tmp_path / "metrics.csv").write_text(
+        "iter,train_loss,val_loss\n0,,4.2\n5,4.1,\n10,4.0,3.9\n15,3.8,\n1"  # killed mid-append
+    )
+    MetricsLog(tmp_path, tensorboard=False).truncate_after(10)
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "iter,train_loss,val_loss", "0,,4.2", "5,4.1,", "10,4.0,3.9"
+    ]  # fmt: skip
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]

@@ -50,7 +50,9 @@ def test_stop_keeps_the_last_good_checkpoint(train_tiny, tmp_path: Path):
     assert ckpt.read_trainer_state(run / "latest")["state"]["iter"] == 10
     model, _ = ckpt.load_pretrained(run)
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    assert all(bool(torch.isfinite(v).all()) for v in load_file(run / "best" / ckpt.WEIGHTS).values())
+    assert all(
+        bool(torch.isfinite(v).all()) for v in load_file(run / "best" / ckpt.WEIGHTS).values()
+    )
 
 
 def test_skip_drops_bad_steps_and_counts_them(tiny_data: Path, tmp_path: Path):

@@ -30,11 +30,13 @@ def test_qkve_61m_parameter_count_by_component() -> None:
     assert counts["embeddings"] == vocab * d  # tied: lm_head counted once
     assert counts["attn.W_E"] == layers * d * kv == 1_474_560
     assert counts["attention"] == layers * attention == 13_271_040
-    assert counts["ffn"] == layers * 2 * (d * 2 * ffn + ffn * d) == 35_389_440  # two SwiGLU sub-layers
+    # two SwiGLU sub-layers per block, gate and up projections fused
+    assert counts["ffn"] == layers * 2 * (d * 2 * ffn + ffn * d) == 35_389_440
     assert counts["norms"] == (3 * layers + 1) * d  # three RMSNorms per block plus the final one
     assert counts["mechanisms"] == 0
     assert counts["total"] == model.get_num_params(non_embedding=False) == 61_032_576
-    assert abs(counts["total"] - 61_030_016) / 61_030_016 < 1e-4  # the published count, within 0.01 %
+    published = 61_030_016
+    assert abs(counts["total"] - published) / published < 1e-4  # within 0.01 %
     assert model.flops_per_token() == 6 * 61_032_576 + 12 * layers * 12 * 32 * 512
 
 
@@ -75,7 +77,12 @@ def test_value_gate_formula_by_hand_with_gqa() -> None:
     v = v * (1 + torch.tanh(x @ attn.W_E.weight.T))
     heads = []
     for h in range(4):
-        qh, kh, vh = q[..., h * 8 : (h + 1) * 8], k[..., (h // 2) * 8 : (h // 2 + 1) * 8], v[..., (h // 2) * 8 :][..., :8]
+        g = h // 2  # the kv head this query head reads
+        qh, kh, vh = (
+            q[..., h * 8 : (h + 1) * 8],
+            k[..., g * 8 : (g + 1) * 8],
+            v[..., g * 8 : (g + 1) * 8],
+        )
         scores = qh @ kh.transpose(1, 2) / math.sqrt(8)
         scores = scores.masked_fill(torch.ones(7, 7).triu(1).bool(), float("-inf"))
         heads.append(scores.softmax(-1) @ vh)
@@ -114,23 +121,36 @@ def test_rope_scores_depend_on_relative_position_only() -> None:
     torch.testing.assert_close(rotary(q, 0), q)  # position 0 is the identity
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(QKVE, value_gate=True),
-    dict(QKVE, value_gate=True, use_m_gate=True),
-    # qkve-small's shape (GQA 6/2, deep SwiGLU...) at a width and depth that decode instantly
-    dict(ModelConfig.preset("qkve-small").to_dict(), vocab_size=96, n_layer=2, n_embd=48, d_ffn=64, block_size=16),
-], ids=["tiny-qkve", "qkve+kvbias", "qkve-small-like"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(QKVE, value_gate=True),
+        dict(QKVE, value_gate=True, use_m_gate=True),
+        # qkve-small's shape (GQA 6/2, deep SwiGLU...) at a width and depth that decode instantly
+        dict(
+            ModelConfig.preset("qkve-small").to_dict(),
+            vocab_size=96,
+            n_layer=2,
+            n_embd=48,
+            d_ffn=64,
+            block_size=16,
+        ),
+    ],
+    ids=["tiny-qkve", "qkve+kvbias", "qkve-small-like"],
+)
 def test_cached_greedy_decoding_equals_recompute(overrides: dict) -> None:
     torch.manual_seed(3)
     model = GPT(tiny_model(**overrides)).eval()
     idx = torch.randint(0, 96, (2, 5))
-    cached = model.generate(idx, 20, temperature=0.0, use_cache=True)  # past block 16: sliding window
+    # 25 positions: past block_size 16 the window slides
+    cached = model.generate(idx, 20, temperature=0.0, use_cache=True)
     full = model.generate(idx, 20, temperature=0.0, use_cache=False)
     assert torch.equal(cached, full)
     with torch.no_grad():  # and the logits themselves, token by token against one full pass
         cache = model.new_cache()
-        steps = [model(full[:, :5], cache=cache)[0]] + [model(full[:, t : t + 1], cache=cache)[0]
-                                                        for t in range(5, 16)]
+        steps = [model(full[:, :5], cache=cache)[0]] + [
+            model(full[:, t : t + 1], cache=cache)[0] for t in range(5, 16)
+        ]
         whole = model(full[:, :16], all_logits=True)[0]
     torch.testing.assert_close(torch.cat(steps, 1), whole[:, 4:], atol=1e-5, rtol=1e-5)
 

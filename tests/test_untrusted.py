@@ -70,7 +70,9 @@ def test_code_running_pickle_is_refused_and_runs_nothing(model_dir: Path, tmp_pa
     (model_dir / ckpt.WEIGHTS).unlink()
     write_payload(model_dir / ckpt.BIN_WEIGHTS, marker, form)
     msg = one_line_error(model_dir)
-    assert msg.startswith(f"{model_dir / ckpt.BIN_WEIGHTS} refused: it is not a plain weights file (")
+    assert msg.startswith(
+        f"{model_dir / ckpt.BIN_WEIGHTS} refused: it is not a plain weights file ("
+    )
     assert "weights_only" not in msg  # torch's advice to load it unsafely is not passed on
     assert not marker.exists()
 
@@ -95,8 +97,10 @@ def test_code_running_trainer_state_is_refused_on_resume(train_tiny, tmp_path: P
     run, marker = tmp_path / "run", tmp_path / "marker"
     train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
     torch.save({"optimizer": RunsCode(marker)}, run / "latest" / ckpt.TRAINER_STATE)
-    with pytest.raises(AttnlabError, match="trainer_state.pt refused: it is not a plain weights file"):
+    with pytest.raises(AttnlabError) as err:
         Trainer(run, resume=True)
+    path = run / "latest" / ckpt.TRAINER_STATE
+    assert str(err.value).startswith(f"{path} refused: it is not a plain weights file (")
     assert not marker.exists()
 
 
@@ -113,7 +117,9 @@ def _header_not_json(data: bytes) -> bytes:
     return data[:8] + b"#" * n + data[8 + n :]
 
 
-@pytest.mark.parametrize("damage", [_truncated, _header_length_garbage, _header_not_json, lambda d: b""])
+@pytest.mark.parametrize(
+    "damage", [_truncated, _header_length_garbage, _header_not_json, lambda d: b""]
+)
 def test_damaged_safetensors_gets_one_line_naming_the_file(model_dir: Path, damage):
     path = model_dir / ckpt.WEIGHTS
     path.write_bytes(damage(path.read_bytes()))

@@ -89,6 +89,8 @@ def compare(
     from attnlab.errors import AttnlabError
     from attnlab.eval.per_position import per_position_losses, token_pieces
 
+    if max_tokens is not None and max_tokens < 1:
+        raise AttnlabError(f"--max-tokens must be >= 1, got {max_tokens}")
     dataset = load_dataset(shared_data_dir(str(run_a), str(run_b), data))
     tokens = dataset.val if max_tokens is None else dataset.val[: max_tokens + 1]
     models = []

@@ -9,14 +9,19 @@ HELP = "type a message; /reset clears the history, /exit quits"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("chat", help="chat with a ChatML-tuned run in the terminal",
-                              description=f"Chat with RUN (a run or model folder); {HELP}. "
-                                          "Reads stdin line by line, so it also works through a pipe.")
+    p = subparsers.add_parser(
+        "chat",
+        help="chat with a ChatML-tuned run in the terminal",
+        description=f"Chat with RUN (a run or model folder); {HELP}. "
+        "Reads stdin line by line, so it also works through a pipe.",
+    )
     p.add_argument("model", metavar="RUN")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument(
+        "--max-new-tokens", type=int, default=200, help="at most half the context window"
+    )
     p.add_argument("--system", help="system message put at the start of every prompt")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto")
@@ -36,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     model, tok = from_pretrained(args.model, device=device)
     stops = {tok.token_to_id(IM_END), tok.token_to_id(IM_START)} if tok is not None else {None}
     if None in stops:
-        raise AttnlabError(f"{args.model} has no ChatML tokens; fine-tune it first (attnlab sft --chat)")
+        raise AttnlabError(
+            f"{args.model} has no ChatML tokens; fine-tune it first (attnlab sft --chat)"
+        )
     block = model.config.block_size
     max_new = max(1, min(args.max_new_tokens, block // 2))  # keep half the window for the history
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -69,8 +76,16 @@ def run(args: argparse.Namespace) -> int:
         reply: list[int] = []
         shown = ""
         with torch.no_grad():
-            for nxt in stream(model, torch.tensor([ids], device=device), max_new, args.temperature,
-                              args.top_k, args.top_p, eos_token_id=tok.token_to_id(IM_END), generator=gen):
+            for nxt in stream(
+                model,
+                torch.tensor([ids], device=device),
+                max_new,
+                args.temperature,
+                args.top_k,
+                args.top_p,
+                eos_token_id=tok.token_to_id(IM_END),
+                generator=gen,
+            ):
                 if int(nxt) in stops:
                     break
                 reply.append(int(nxt))

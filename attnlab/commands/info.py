@@ -12,8 +12,11 @@ _BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("info", help="config, parameters by component and FLOPs of a model",
-                              description="Describe a preset, run or model folder without loading weights.")
+    p = subparsers.add_parser(
+        "info",
+        help="config, parameters by component and FLOPs of a model",
+        description="Describe a preset, run or model folder without loading weights.",
+    )
     p.add_argument("target", metavar="PRESET_OR_FOLDER")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model fields to change first")
     p.set_defaults(func=run)
@@ -87,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"    of which {key:<13} {n:>14,}")
     tied = "tied to lm_head" if config.tie_embeddings else "lm_head separate"
     print(f"  (embeddings: {config.vocab_size:,} x {config.n_embd}, {tied})")
-    print(f"\nFLOPs per token (training, 6N + attention at T={config.block_size}): "
-          f"{model.flops_per_token():,.0f}")
+    print(
+        f"\nFLOPs per token (training, 6N + attention at T={config.block_size}): "
+        f"{model.flops_per_token():,.0f}"
+    )
     return 0

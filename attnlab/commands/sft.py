@@ -24,19 +24,31 @@ class _IntermixedParser(argparse.ArgumentParser):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "sft", help="supervised fine-tuning (loss on responses only) into a new run",
-        description="Fine-tune RUN (a run or model folder) on JSONL records: {\"prompt\", \"response\"} "
-                    "pairs or {\"messages\": [{\"role\", \"content\"}, ...]} ChatML conversations. "
-                    "<|im_start|> and <|im_end|> join the tokenizer; only response tokens are trained.")
-    p.add_argument("--data", help="JSONL file (.jsonl or .jsonl.xz); default: the shipped "
-                                  "Shakespeare instruction set (with --chat: the chat set)")
-    p.add_argument("--chat", action="store_true",
-                   help="write instruction pairs as ChatML turns too (and default to the chat set)")
+        "sft",
+        help="supervised fine-tuning (loss on responses only) into a new run",
+        description='Fine-tune RUN (a run or model folder) on JSONL records: {"prompt", "response"} '
+        'pairs or {"messages": [{"role", "content"}, ...]} ChatML conversations. '
+        "<|im_start|> and <|im_end|> join the tokenizer; only response tokens are trained.",
+    )
+    p.add_argument(
+        "--data",
+        help="JSONL file (.jsonl or .jsonl.xz); default: the shipped "
+        "Shakespeare instruction set (with --chat: the chat set)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="write instruction pairs as ChatML turns too (and default to the chat set)",
+    )
     p.add_argument("--out", help="run folder to create")
     p.add_argument("--resume", metavar="RUN2", help="continue the SFT run in RUN2")
-    p.add_argument("args", nargs="*", metavar="RUN [key=value ...]",
-                   help="pretrained run or model folder, then training fields "
-                        "(defaults: max_iters=300 learning_rate=1e-4 ...)")
+    p.add_argument(
+        "args",
+        nargs="*",
+        metavar="RUN [key=value ...]",
+        help="pretrained run or model folder, then training fields "
+        "(defaults: max_iters=300 learning_rate=1e-4 ...)",
+    )
     p.set_defaults(func=run)
     p.__class__ = _IntermixedParser
 

@@ -7,16 +7,27 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "study", help="run a multi-seed study (shipped name or TOML file) and write its report",
+        "study",
+        help="run a multi-seed study (shipped name or TOML file) and write its report",
         description="Run every variant of a study over seeds, paired by seed; resumable. "
-                    "Writes results.json, results.csv, study.json and report.md in --out.")
+        "Writes results.json, results.csv, study.json and report.md in --out.",
+    )
     p.add_argument("study", nargs="?", help="shipped study name (see --list) or a study TOML file")
     p.add_argument("--list", action="store_true", help="list the shipped studies")
-    p.add_argument("--preset", default="ci", choices=("ci", "cpu", "paper"),
-                   help="scale: ci (a minute), cpu (about an hour on 2 cores), paper (the seed's settings)")
+    p.add_argument(
+        "--preset",
+        default="ci",
+        choices=("ci", "cpu", "paper"),
+        help="scale: ci (a minute), cpu (about an hour on 2 cores), paper (the seed's settings)",
+    )
     p.add_argument("--out", help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (threads split between them)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs in parallel processes (threads split between them)",
+    )
     p.add_argument("--data", help="prepared data folder for every run (default: the study's)")
     p.set_defaults(func=run)
 
@@ -36,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.studies.runner import run_study
 
     spec = load_spec(args.study)
-    result = run_study(spec, args.preset, args.out, seeds=args.seeds, jobs=args.jobs, data=args.data)
+    result = run_study(
+        spec, args.preset, args.out, seeds=args.seeds, jobs=args.jobs, data=args.data
+    )
     failed = sum(r["status"] == "failed" for r in result["runs"])
-    print(f"study {spec.name} ({args.preset}): {len(result['runs'])} runs, {failed} failed; "
-          f"report in {args.out}/report.md")
+    print(
+        f"study {spec.name} ({args.preset}): {len(result['runs'])} runs, {failed} failed; "
+        f"report in {args.out}/report.md"
+    )
     return 1 if failed else 0

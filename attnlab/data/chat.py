@@ -41,8 +41,12 @@ def chatml_segments(messages: Sequence[Message], add_generation_prompt: bool = F
     segments: Segments = []
     for m in messages:
         trained = m["role"] == "assistant"
-        segments += [(f"{IM_START}{m['role']}\n", False), (m["content"], trained),
-                     (IM_END, trained), ("\n", False)]
+        segments += [
+            (f"{IM_START}{m['role']}\n", False),
+            (m["content"], trained),
+            (IM_END, trained),
+            ("\n", False),
+        ]
     if add_generation_prompt:
         segments.append((f"{IM_START}assistant\n", False))
     return segments
@@ -58,8 +62,12 @@ def record_segments(record: dict[str, Any], chat: bool = False) -> Segments:
     if "messages" in record:
         return chatml_segments(record["messages"])
     if chat:
-        return chatml_segments([{"role": "user", "content": record["prompt"]},
-                                {"role": "assistant", "content": record["response"]}])
+        return chatml_segments(
+            [
+                {"role": "user", "content": record["prompt"]},
+                {"role": "assistant", "content": record["response"]},
+            ]
+        )
     return [(record["prompt"] + "\n", False), (record["response"], True), (IM_END, True)]
 
 
@@ -74,7 +82,9 @@ def encode_segments(tokenizer: Tokenizer, segments: Segments) -> tuple[list[int]
     return ids, mask
 
 
-def encode_record(tokenizer: Tokenizer, record: dict[str, Any], chat: bool = False) -> tuple[list[int], list[bool]]:
+def encode_record(
+    tokenizer: Tokenizer, record: dict[str, Any], chat: bool = False
+) -> tuple[list[int], list[bool]]:
     return encode_segments(tokenizer, record_segments(record, chat))
 
 
@@ -89,19 +99,28 @@ def _check_record(record: Any, where: str) -> dict[str, Any]:
         raise AttnlabError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "messages" in record:
         msgs = record["messages"]
-        ok = isinstance(msgs, list) and msgs and all(
-            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
-            for m in msgs)
+        ok = (
+            isinstance(msgs, list)
+            and msgs
+            and all(
+                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+                for m in msgs
+            )
+        )
         if not ok:
-            raise AttnlabError(f"{where}: messages must be a non-empty list of "
-                               f"{{'role': one of {'/'.join(ROLES)}, 'content': text}}")
+            raise AttnlabError(
+                f"{where}: messages must be a non-empty list of "
+                f"{{'role': one of {'/'.join(ROLES)}, 'content': text}}"
+            )
         if not any(m["role"] == "assistant" for m in msgs):
             raise AttnlabError(f"{where}: conversation has no assistant message to train on")
         return record
     if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
         return record
-    raise AttnlabError(f"{where}: expected {{'prompt', 'response'}} or {{'messages': [...]}}, "
-                       f"got keys {sorted(record)}")
+    raise AttnlabError(
+        f"{where}: expected {{'prompt', 'response'}} or {{'messages': [...]}}, "
+        f"got keys {sorted(record)}"
+    )
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -138,7 +157,9 @@ def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) 
     system = list(messages[:1]) if messages and messages[0]["role"] == "system" else []
     rest = list(messages[len(system) :])
     while True:
-        ids, _ = encode_segments(tokenizer, chatml_segments(system + rest, add_generation_prompt=True))
+        ids, _ = encode_segments(
+            tokenizer, chatml_segments(system + rest, add_generation_prompt=True)
+        )
         if len(ids) <= budget or len(rest) <= 1:
             return ids[-budget:]
         rest = rest[2:] if len(rest) > 2 else rest[-1:]

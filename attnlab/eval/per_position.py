@@ -64,7 +64,7 @@ def char_offsets(pieces: Sequence[str]) -> np.ndarray:
 
 def line_columns(text: str, offsets: np.ndarray) -> np.ndarray:
     """Column (characters since the last newline) of the character at each offset."""
-    newline = np.array([c == "\n" for c in text], dtype=bool)
+    newline = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == ord("\n")
     # index of the last newline at or before each character, -1 if none
     last = np.maximum.accumulate(np.where(newline, np.arange(len(text)), -1))
     before = np.concatenate([[-1], last[:-1]])  # the last newline strictly before each character

@@ -19,8 +19,12 @@ def _num(x: Any, fmt: str = ".4f") -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
 
 
 def _p(p: Any) -> str:
@@ -38,7 +42,9 @@ def _scale_lines(spec: StudySpec, preset: str) -> list[str]:
     if changed:
         lines.append("Changed for every variant: " + ", ".join(changed) + ".")
     for name, over in scale.variants.items():
-        pairs = [f"`{k}={v}`" for k, v in {**over.get("model", {}), **over.get("train", {})}.items()]
+        pairs = [
+            f"`{k}={v}`" for k, v in {**over.get("model", {}), **over.get("train", {})}.items()
+        ]
         if pairs:
             lines.append(f"Changed for {name}: " + ", ".join(pairs) + ".")
     if scale.data is not None:
@@ -51,20 +57,54 @@ def _variant_table(stats: dict[str, dict[str, Any]]) -> list[str]:
     for name, s in stats.items():
         mean = s["mean"]
         ppl = math.exp(mean) if mean is not None and math.isfinite(mean) else None
-        rows.append([name, s["description"], f"{s['params']:,}" if s["params"] else "–",
-                     f"{s['n']}" + (f" ({s['failed']} failed)" if s["failed"] else ""),
-                     f"{_num(mean)} ± {_num(s['std'])}", f"{_num(s['ci95_low'])} – {_num(s['ci95_high'])}",
-                     _num(ppl, ".3f"), _num(s["reference"]), _num(s["iters"], "d"),
-                     _num(1000 * s["sec_per_step"] if s["sec_per_step"] else None, ".1f")])
-    return _table(["variant", "what", "params", "seeds", "val loss mean ± std", "95 % CI", "ppl",
-                   "seed's value", "iters", "ms/step"], rows)
+        rows.append(
+            [
+                name,
+                s["description"],
+                f"{s['params']:,}" if s["params"] else "–",
+                f"{s['n']}" + (f" ({s['failed']} failed)" if s["failed"] else ""),
+                f"{_num(mean)} ± {_num(s['std'])}",
+                f"{_num(s['ci95_low'])} – {_num(s['ci95_high'])}",
+                _num(ppl, ".3f"),
+                _num(s["reference"]),
+                _num(s["iters"], "d"),
+                _num(1000 * s["sec_per_step"] if s["sec_per_step"] else None, ".1f"),
+            ]
+        )
+    return _table(
+        [
+            "variant",
+            "what",
+            "params",
+            "seeds",
+            "val loss mean ± std",
+            "95 % CI",
+            "ppl",
+            "seed's value",
+            "iters",
+            "ms/step",
+        ],
+        rows,
+    )
 
 
 def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
-    rows = [[f"{c['variant']} vs {c['baseline']}", str(c["n"]), _num(c["mean_diff"], "+.4f"),
-             _num(c["ppl_change_pct"], "+.2f") + " %", f"{_num(c['t'], '.2f')} ({c['df']})", _p(c["p"]),
-             _p(c["p_holm"]), c["wins"]] for c in comparisons]
-    return _table(["comparison", "n", "mean diff", "ppl change", "t (df)", "p", "p Holm", "wins"], rows)
+    rows = [
+        [
+            f"{c['variant']} vs {c['baseline']}",
+            str(c["n"]),
+            _num(c["mean_diff"], "+.4f"),
+            _num(c["ppl_change_pct"], "+.2f") + " %",
+            f"{_num(c['t'], '.2f')} ({c['df']})",
+            _p(c["p"]),
+            _p(c["p_holm"]),
+            c["wins"],
+        ]
+        for c in comparisons
+    ]
+    return _table(
+        ["comparison", "n", "mean diff", "ppl change", "t (df)", "p", "p Holm", "wins"], rows
+    )
 
 
 def _curves(runs: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
@@ -75,7 +115,11 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float
         if r["status"] != "ok" or not path.is_file():
             continue
         with path.open() as f:
-            points = {int(row["iter"]): float(row["val_loss"]) for row in csv.DictReader(f) if row.get("val_loss")}
+            points = {
+                int(row["iter"]): float(row["val_loss"])
+                for row in csv.DictReader(f)
+                if row.get("val_loss")
+            }
         per_variant.setdefault(r["variant"], []).append(points)
     curves = {}
     for name, seeds in per_variant.items():
@@ -96,8 +140,15 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (name, (iters, losses)) in enumerate(curves.items()):
-        ax.plot(iters, losses, marker="o", ms=3, color=f"C{i}", label=name,
-                ls=":" if "wallclock" in name else "-")
+        ax.plot(
+            iters,
+            losses,
+            marker="o",
+            ms=3,
+            color=f"C{i}",
+            label=name,
+            ls=":" if "wallclock" in name else "-",
+        )
     # the first eval (iter 0) is near log(vocab) and would flatten everything after it
     later = [v for its, ls in curves.values() for i, v in zip(its, ls, strict=True) if i > 0]
     if later:
@@ -113,23 +164,49 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     return True
 
 
-def _lm_sections(out: Path, spec: StudySpec, results: dict[str, Any], study: dict[str, Any]) -> list[str]:
-    lines = ["## Variants", "", "Final validation loss of each run (the same fixed validation batches "
-             "for every run), over the seeds that finished.", "", *_variant_table(study["variants"])]
+def _lm_sections(
+    out: Path, spec: StudySpec, results: dict[str, Any], study: dict[str, Any]
+) -> list[str]:
+    lines = [
+        "## Variants",
+        "",
+        "Final validation loss of each run (the same fixed validation batches "
+        "for every run), over the seeds that finished.",
+        "",
+        *_variant_table(study["variants"]),
+    ]
     for name, b in study.get("wallclock", {}).items():
-        lines += [f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per step of "
-                  f"{b['baseline']} ({1000 * b['mechanism_sec_per_step']:.1f} vs "
-                  f"{1000 * b['baseline_sec_per_step']:.1f} ms, mean over seeds), so `{name}` trains "
-                  f"{b['baseline']} for {b['iters']} iterations.", ""]
-    lines += ["## Comparisons", "", "Paired by seed (same initial stream and batches): "
-              "`scipy.stats.ttest_rel(variant, baseline)` on final val losses; Holm-corrected over "
-              "this study's comparisons; wins = seeds where the variant's loss is lower.", "",
-              *_comparison_table(results["comparisons"])]
+        lines += [
+            f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per step of "
+            f"{b['baseline']} ({1000 * b['mechanism_sec_per_step']:.1f} vs "
+            f"{1000 * b['baseline_sec_per_step']:.1f} ms, mean over seeds), so `{name}` trains "
+            f"{b['baseline']} for {b['iters']} iterations.",
+            "",
+        ]
+    lines += [
+        "## Comparisons",
+        "",
+        "Paired by seed (same initial stream and batches): "
+        "`scipy.stats.ttest_rel(variant, baseline)` on final val losses; Holm-corrected over "
+        "this study's comparisons; wins = seeds where the variant's loss is lower.",
+        "",
+        *_comparison_table(results["comparisons"]),
+    ]
     failed = [r for r in results["runs"] if r["status"] == "failed"]
     if failed:
-        lines += ["## Failed runs", "", *(f"- {r['variant']} seed {r['seed']}: `{r['error']}`" for r in failed), ""]
+        lines += [
+            "## Failed runs",
+            "",
+            *(f"- {r['variant']} seed {r['seed']}: `{r['error']}`" for r in failed),
+            "",
+        ]
     if plot_curves(results["runs"], out / FIGURES / "curves.png", f"{spec.name}: validation loss"):
-        lines += ["## Training curves", "", f"![validation loss against iteration]({FIGURES}/curves.png)", ""]
+        lines += [
+            "## Training curves",
+            "",
+            f"![validation loss against iteration]({FIGURES}/curves.png)",
+            "",
+        ]
     return lines
 
 
@@ -145,29 +222,56 @@ def _retrieval_sections(study: dict[str, Any]) -> list[str]:
             row = [table["rows"].get(m, m)]
             for c in cells:
                 ours, paper = c["accuracy"].get(m), c["paper"].get(m)
-                row.append("–" if ours is None else f"{ours:.1f}" + (f" ({paper:.1f})" if paper is not None else ""))
+                row.append(
+                    "–"
+                    if ours is None
+                    else f"{ours:.1f}" + (f" ({paper:.1f})" if paper is not None else "")
+                )
             rows.append(row)
-        lines += [f"## {table['title']}", "", "Accuracy %, mean over seeds; the paper's value in brackets.",
-                  "", *_table(header, rows)]
+        lines += [
+            f"## {table['title']}",
+            "",
+            "Accuracy %, mean over seeds; the paper's value in brackets.",
+            "",
+            *_table(header, rows),
+        ]
     return lines
 
 
 def _overhead_sections(study: dict[str, Any]) -> list[str]:
-    lines = ["## Step time against width", "", "Forward + backward + AdamW step on random data, all "
-             "models of one width timed interleaved; ratio = median of per-repetition ratios to vanilla.",
-             "", "```", study["overhead_table"], "```", "",
-             f"![step time and overhead against width]({FIGURES}/overhead.png)", ""]
+    lines = [
+        "## Step time against width",
+        "",
+        "Forward + backward + AdamW step on random data, all "
+        "models of one width timed interleaved; ratio = median of per-repetition ratios to vanilla.",
+        "",
+        "```",
+        study["overhead_table"],
+        "```",
+        "",
+        f"![step time and overhead against width]({FIGURES}/overhead.png)",
+        "",
+    ]
     if study["unavailable"]:
         lines += [f"Not available in this build: {', '.join(study['unavailable'])}.", ""]
     return lines
 
 
-def write_report(out: Path, spec: StudySpec, preset: str, results: dict[str, Any], study: dict[str, Any]) -> Path:
+def write_report(
+    out: Path, spec: StudySpec, preset: str, results: dict[str, Any], study: dict[str, Any]
+) -> Path:
     """Write ``out/report.md`` (and its figures) and return its path."""
     seeds = study["seeds"]
-    lines = [f"# Study `{spec.name}`", "", spec.description, "",
-             f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
-             f"{study['elapsed_s']:.0f} s this invocation.", "", *_scale_lines(spec, preset)]
+    lines = [
+        f"# Study `{spec.name}`",
+        "",
+        spec.description,
+        "",
+        f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
+        f"{study['elapsed_s']:.0f} s this invocation.",
+        "",
+        *_scale_lines(spec, preset),
+    ]
     if spec.kind == "lm":
         lines += _lm_sections(out, spec, results, study)
     elif spec.kind == "retrieval":

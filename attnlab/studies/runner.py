@@ -18,8 +18,19 @@ from typing import Any
 from attnlab.errors import AttnlabError
 from attnlab.studies.spec import StudySpec, Variant
 
-RUN_FIELDS = ("variant", "seed", "val_loss", "iters", "wall_s", "status", "sec_per_step",
-              "best_val_loss", "params", "error", "run_dir")
+RUN_FIELDS = (
+    "variant",
+    "seed",
+    "val_loss",
+    "iters",
+    "wall_s",
+    "status",
+    "sec_per_step",
+    "best_val_loss",
+    "params",
+    "error",
+    "run_dir",
+)
 
 
 def run_dir_for(out: Path, variant: str, seed: int) -> Path:
@@ -34,8 +45,12 @@ def train_one(job: dict[str, Any], threads: int | None = None) -> dict[str, Any]
     try:
         summary_path = run_dir / "summary.json"
         if summary_path.is_file():
-            return {**row, **_summary_fields(json.loads(summary_path.read_text())), "status": "ok",
-                    "skipped": True}
+            return {
+                **row,
+                **_summary_fields(json.loads(summary_path.read_text())),
+                "status": "ok",
+                "skipped": True,
+            }
         import torch
 
         from attnlab.train import checkpoint as ckpt
@@ -60,22 +75,37 @@ def _new_trainer(job: dict[str, Any], run_dir: Path) -> Any:
     from attnlab.train.spec import _flatten, resolve
     from attnlab.train.trainer import Trainer
 
-    spec = resolve(job["preset"], None, _flatten(job["model"]) + _flatten(job["train"]), job["data"])
-    train = spec.train.replace(seed=job["seed"], extra={**spec.train.extra, "study_variant": job["variant"]})
+    spec = resolve(
+        job["preset"], None, _flatten(job["model"]) + _flatten(job["train"]), job["data"]
+    )
+    train = spec.train.replace(
+        seed=job["seed"], extra={**spec.train.extra, "study_variant": job["variant"]}
+    )
     if job.get("max_iters"):  # the wall-clock-matched budget; the schedule stretches with it
         decay = train.lr_decay_iters
-        train = train.replace(max_iters=job["max_iters"],
-                              lr_decay_iters=None if decay in (None, train.max_iters) else decay)
-    return Trainer(run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True)
+        train = train.replace(
+            max_iters=job["max_iters"],
+            lr_decay_iters=None if decay in (None, train.max_iters) else decay,
+        )
+    return Trainer(
+        run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True
+    )
 
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
-    return {"val_loss": summary.get("final_val_loss"), "best_val_loss": summary.get("best_val_loss"),
-            "iters": summary.get("iters"), "wall_s": summary.get("train_seconds"),
-            "sec_per_step": summary.get("sec_per_step"), "params": summary.get("params")}
+    return {
+        "val_loss": summary.get("final_val_loss"),
+        "best_val_loss": summary.get("best_val_loss"),
+        "iters": summary.get("iters"),
+        "wall_s": summary.get("train_seconds"),
+        "sec_per_step": summary.get("sec_per_step"),
+        "params": summary.get("params"),
+    }
 
 
-def execute(jobs: list[dict[str, Any]], n_jobs: int = 1, desc: str = "runs") -> list[dict[str, Any]]:
+def execute(
+    jobs: list[dict[str, Any]], n_jobs: int = 1, desc: str = "runs"
+) -> list[dict[str, Any]]:
     """Run ``jobs`` (in ``n_jobs`` spawned processes, torch threads split between them), in order."""
     from tqdm import tqdm
 
@@ -91,7 +121,9 @@ def execute(jobs: list[dict[str, Any]], n_jobs: int = 1, desc: str = "runs") -> 
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             threads = max(1, (os.cpu_count() or 1) // n_jobs)
-            with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(
+                n_jobs, mp_context=multiprocessing.get_context("spawn")
+            ) as pool:
                 futures = {pool.submit(train_one, job, threads): i for i, job in enumerate(jobs)}
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
@@ -116,28 +148,51 @@ def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Pat
     return str(folder if folder is not None else load_dataset(None).dir)
 
 
-def _jobs(spec: StudySpec, preset: str, out: Path, seeds: list[int], names: list[str],
-          data: str | Path | None, budgets: dict[str, int]) -> list[dict[str, Any]]:
+def _jobs(
+    spec: StudySpec,
+    preset: str,
+    out: Path,
+    seeds: list[int],
+    names: list[str],
+    data: str | Path | None,
+    budgets: dict[str, int],
+) -> list[dict[str, Any]]:
     jobs = []
     for name in names:
         variant = spec.variants[name]
         model, train = spec.layered(variant, preset)
         folder = _data_folder(spec, variant, preset, data)
         for seed in seeds:
-            jobs.append({"variant": name, "seed": seed, "preset": variant.preset, "model": model,
-                         "train": train, "data": folder, "max_iters": budgets.get(name),
-                         "run_dir": str(run_dir_for(out, name, seed))})
+            jobs.append(
+                {
+                    "variant": name,
+                    "seed": seed,
+                    "preset": variant.preset,
+                    "model": model,
+                    "train": train,
+                    "data": folder,
+                    "max_iters": budgets.get(name),
+                    "run_dir": str(run_dir_for(out, name, seed)),
+                }
+            )
     return jobs
 
 
-def wallclock_budget(runs: list[dict[str, Any]], baseline: str, mechanism: str) -> dict[str, Any] | None:
+def wallclock_budget(
+    runs: list[dict[str, Any]], baseline: str, mechanism: str
+) -> dict[str, Any] | None:
     """Iterations for ``baseline`` that take as long as ``mechanism``'s runs (means over seeds).
 
     ``iters = baseline iters * mechanism sec/step / baseline sec/step``; None when either arm
     has no finished run to time.
     """
+
     def ok(name: str) -> list[dict[str, Any]]:
-        return [r for r in runs if r["variant"] == name and r["status"] == "ok" and r.get("sec_per_step")]
+        return [
+            r
+            for r in runs
+            if r["variant"] == name and r["status"] == "ok" and r.get("sec_per_step")
+        ]
 
     base, mech = ok(baseline), ok(mechanism)
     if not base or not mech:
@@ -146,21 +201,31 @@ def wallclock_budget(runs: list[dict[str, Any]], baseline: str, mechanism: str) 
     mech_sps = sum(r["sec_per_step"] for r in mech) / len(mech)
     mech_iters = sum(r["iters"] for r in mech) / len(mech)
     iters = max(1, round(mech_iters * mech_sps / base_sps))
-    return {"baseline": baseline, "mechanism": mechanism, "baseline_sec_per_step": base_sps,
-            "mechanism_sec_per_step": mech_sps, "ratio": mech_sps / base_sps, "iters": iters}
+    return {
+        "baseline": baseline,
+        "mechanism": mechanism,
+        "baseline_sec_per_step": base_sps,
+        "mechanism_sec_per_step": mech_sps,
+        "ratio": mech_sps / base_sps,
+        "iters": iters,
+    }
 
 
 def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
     """Paired t-test per comparison over the seeds where both arms finished, Holm over all."""
     from attnlab.studies.stats import holm, paired_comparison
 
-    losses = {(r["variant"], r["seed"]): r["val_loss"] for r in runs
-              if r["status"] == "ok" and r.get("val_loss") is not None}
+    losses = {
+        (r["variant"], r["seed"]): r["val_loss"]
+        for r in runs
+        if r["status"] == "ok" and r.get("val_loss") is not None
+    }
     rows = []
     for comp in spec.comparisons:
         seeds = sorted(s for (v, s) in losses if v == comp.variant and (comp.baseline, s) in losses)
-        stats = paired_comparison([losses[comp.variant, s] for s in seeds],
-                                  [losses[comp.baseline, s] for s in seeds])
+        stats = paired_comparison(
+            [losses[comp.variant, s] for s in seeds], [losses[comp.baseline, s] for s in seeds]
+        )
         rows.append({"baseline": comp.baseline, "variant": comp.variant, **stats, "seeds": seeds})
     for row, p in zip(rows, holm([r["p"] for r in rows]), strict=True):
         row["p_holm"] = p
@@ -173,18 +238,26 @@ def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict
 
     out = {}
     for name, variant in spec.variants.items():
-        ok = [r for r in runs if r["variant"] == name and r["status"] == "ok" and r.get("val_loss") is not None]
-        out[name] = {**summarize([r["val_loss"] for r in ok]), "reference": variant.reference,
-                     "description": variant.description,
-                     "failed": sum(r["variant"] == name and r["status"] == "failed" for r in runs),
-                     "params": ok[0]["params"] if ok else None,
-                     "iters": ok[0]["iters"] if ok else None,
-                     "sec_per_step": (sum(r["sec_per_step"] for r in ok) / len(ok)) if ok else None}
+        ok = [
+            r
+            for r in runs
+            if r["variant"] == name and r["status"] == "ok" and r.get("val_loss") is not None
+        ]
+        out[name] = {
+            **summarize([r["val_loss"] for r in ok]),
+            "reference": variant.reference,
+            "description": variant.description,
+            "failed": sum(r["variant"] == name and r["status"] == "failed" for r in runs),
+            "params": ok[0]["params"] if ok else None,
+            "iters": ok[0]["iters"] if ok else None,
+            "sec_per_step": (sum(r["sec_per_step"] for r in ok) / len(ok)) if ok else None,
+        }
     return out
 
 
-def _run_lm(spec: StudySpec, preset: str, out: Path, seeds: list[int], n_jobs: int,
-            data: str | Path | None) -> dict[str, Any]:
+def _run_lm(
+    spec: StudySpec, preset: str, out: Path, seeds: list[int], n_jobs: int, data: str | Path | None
+) -> dict[str, Any]:
     clocked = [n for n, v in spec.variants.items() if v.clock_of]
     first = [n for n in spec.variants if n not in clocked]
     runs = execute(_jobs(spec, preset, out, seeds, first, data, {}), n_jobs, f"{spec.name} runs")
@@ -194,12 +267,31 @@ def _run_lm(spec: StudySpec, preset: str, out: Path, seeds: list[int], n_jobs: i
         budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
         if budget is not None:
             budgets[name] = budget
-    runs += execute(_jobs(spec, preset, out, seeds, list(budgets), data,
-                          {k: b["iters"] for k, b in budgets.items()}), n_jobs, f"{spec.name} wall-clock")
+    runs += execute(
+        _jobs(
+            spec,
+            preset,
+            out,
+            seeds,
+            list(budgets),
+            data,
+            {k: b["iters"] for k, b in budgets.items()},
+        ),
+        n_jobs,
+        f"{spec.name} wall-clock",
+    )
     for name in clocked:
         if name not in budgets:
-            runs += [{"variant": name, "seed": s, "status": "failed", "run_dir": str(run_dir_for(out, name, s)),
-                      "error": "no finished runs to time the wall-clock budget from"} for s in seeds]
+            runs += [
+                {
+                    "variant": name,
+                    "seed": s,
+                    "status": "failed",
+                    "run_dir": str(run_dir_for(out, name, s)),
+                    "error": "no finished runs to time the wall-clock budget from",
+                }
+                for s in seeds
+            ]
     return {"runs": runs, "wallclock": budgets}
 
 
@@ -215,12 +307,30 @@ def _run_retrieval(spec: StudySpec, preset: str, seeds: list[int]) -> dict[str, 
         for cell in table["cells"]:
             args = {**table.get("defaults", {}), **cell.get("args", {})}
             settings = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
-            per_seed = [run_retrieval(args["d"], args["patterns"], args["sigma"], args["methods"],
-                                      rounds=args.get("rounds", 2), gate=args.get("gate", "mlp"),
-                                      loss=args.get("loss", "cos-ce"), seed=s, **settings) for s in seeds]
+            per_seed = [
+                run_retrieval(
+                    args["d"],
+                    args["patterns"],
+                    args["sigma"],
+                    args["methods"],
+                    rounds=args.get("rounds", 2),
+                    gate=args.get("gate", "mlp"),
+                    loss=args.get("loss", "cos-ce"),
+                    seed=s,
+                    **settings,
+                )
+                for s in seeds
+            ]
             mean = {m: sum(r[m] for r in per_seed) / len(per_seed) for m in args["methods"]}
-            cells.append({"column": cell["column"], "args": args, "accuracy": mean,
-                          "per_seed": per_seed, "paper": cell.get("paper", {})})
+            cells.append(
+                {
+                    "column": cell["column"],
+                    "args": args,
+                    "accuracy": mean,
+                    "per_seed": per_seed,
+                    "paper": cell.get("paper", {}),
+                }
+            )
         tables.append({"title": table["title"], "rows": table.get("rows", {}), "cells": cells})
     return {"tables": tables}
 
@@ -234,16 +344,27 @@ def _run_overhead(spec: StudySpec, preset: str, out: Path) -> dict[str, Any]:
     opts = {**spec.params, **spec.scale(preset).params}
     rows, missing = overhead.measure(**opts)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    title = (f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, block {opts.get('block', 256)}, "
-             f"{opts.get('reps', 5)} interleaved reps")
+    title = (
+        f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, block {opts.get('block', 256)}, "
+        f"{opts.get('reps', 5)} interleaved reps"
+    )
     overhead.plot(rows, str(out / "figures" / "overhead.png"), title)
-    return {"overhead": [asdict(r) for r in rows], "overhead_table": overhead.table(rows),
-            "unavailable": missing}
+    return {
+        "overhead": [asdict(r) for r in rows],
+        "overhead_table": overhead.table(rows),
+        "unavailable": missing,
+    }
 
 
 # --- the study ---------------------------------------------------------------------------------
-def run_study(spec: StudySpec, preset: str, out: str | Path, seeds: int | None = None, jobs: int = 1,
-              data: str | Path | None = None) -> dict[str, Any]:
+def run_study(
+    spec: StudySpec,
+    preset: str,
+    out: str | Path,
+    seeds: int | None = None,
+    jobs: int = 1,
+    data: str | Path | None = None,
+) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md."""
     from attnlab.studies.report import write_report
 
@@ -265,14 +386,26 @@ def run_study(spec: StudySpec, preset: str, out: str | Path, seeds: int | None =
     else:
         extra.update(_run_overhead(spec, preset, out))
     comparisons = compare(runs, spec) if runs else []
-    results = {"runs": [{k: r.get(k) for k in RUN_FIELDS} for r in runs], "comparisons": comparisons}
+    results = {
+        "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in runs],
+        "comparisons": comparisons,
+    }
     _write_json(out / "results.json", results)
     _write_csv(out / "results.csv", results["runs"])
-    study = {"name": spec.name, "description": spec.description, "kind": spec.kind, "preset": preset,
-             "seeds": seed_list, "jobs": jobs, "source": spec.source, "notes": scale.notes,
-             "elapsed_s": time.perf_counter() - t0,
-             "retrained": sum(not r.get("skipped", True) for r in runs),
-             "variants": variant_stats(runs, spec) if runs else {}, **extra}
+    study = {
+        "name": spec.name,
+        "description": spec.description,
+        "kind": spec.kind,
+        "preset": preset,
+        "seeds": seed_list,
+        "jobs": jobs,
+        "source": spec.source,
+        "notes": scale.notes,
+        "elapsed_s": time.perf_counter() - t0,
+        "retrained": sum(not r.get("skipped", True) for r in runs),
+        "variants": variant_stats(runs, spec) if runs else {},
+        **extra,
+    }
     _write_json(out / "study.json", study)
     write_report(out, spec, preset, results, study)
     return {**results, "study": study}

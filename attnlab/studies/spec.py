@@ -133,7 +133,9 @@ def load_spec(name_or_path: str | Path) -> StudySpec:
     entry = _specs_dir() / f"{name_or_path}.toml"
     if not entry.is_file():
         known = ", ".join(name for name, _ in list_studies())
-        raise AttnlabError(f"unknown study {str(name_or_path)!r} (known: {known}; or pass a .toml path)")
+        raise AttnlabError(
+            f"unknown study {str(name_or_path)!r} (known: {known}; or pass a .toml path)"
+        )
     return parse_spec(_load_toml_text(entry.read_text(), entry.name), entry.name)
 
 
@@ -155,43 +157,81 @@ def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> N
 def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
     """Validate a study table (as read from TOML) into a StudySpec."""
     where = source or "study spec"
-    _check_keys(data, ("name", "description", "kind", "variants", "comparisons", "scale", "params"), where)
+    _check_keys(
+        data, ("name", "description", "kind", "variants", "comparisons", "scale", "params"), where
+    )
     kind = data.get("kind", "lm")
     if kind not in KINDS:
-        raise AttnlabError(f"{where}: kind={kind!r} is not allowed; choose one of {', '.join(KINDS)}")
+        raise AttnlabError(
+            f"{where}: kind={kind!r} is not allowed; choose one of {', '.join(KINDS)}"
+        )
     variants: dict[str, Variant] = {}
     for name, v in _table(data, "variants", where).items():
-        _check_keys(v, ("preset", "description", "model", "train", "reference"), f"{where} variant {name}")
+        _check_keys(
+            v, ("preset", "description", "model", "train", "reference"), f"{where} variant {name}"
+        )
         if "preset" not in v:
             raise AttnlabError(f"{where}: variant {name!r} needs a preset")
-        variants[name] = Variant(name, v["preset"], v.get("description", ""), _table(v, "model", where),
-                                 _table(v, "train", where), v.get("reference"))
+        variants[name] = Variant(
+            name,
+            v["preset"],
+            v.get("description", ""),
+            _table(v, "model", where),
+            _table(v, "train", where),
+            v.get("reference"),
+        )
     if kind == "lm" and not variants:
         raise AttnlabError(f"{where}: a {kind} study needs at least one variant")
     comparisons = []
     for c in data.get("comparisons", []):
-        _check_keys(c, ("baseline", "variant", "wallclock", "wallclock_reference"), f"{where} comparison")
+        _check_keys(
+            c, ("baseline", "variant", "wallclock", "wallclock_reference"), f"{where} comparison"
+        )
         for role in ("baseline", "variant"):
             if c.get(role) not in variants:
                 raise AttnlabError(f"{where}: comparison {role} {c.get(role)!r} is not a variant")
-        comparisons.append(Comparison(c["baseline"], c["variant"], bool(c.get("wallclock", False)),
-                                      c.get("wallclock_reference")))
+        comparisons.append(
+            Comparison(
+                c["baseline"],
+                c["variant"],
+                bool(c.get("wallclock", False)),
+                c.get("wallclock_reference"),
+            )
+        )
     scales = {}
     for preset, s in _table(data, "scale", where).items():
         if preset not in SCALES:
             raise AttnlabError(f"{where}: scale {preset!r} is not one of {', '.join(SCALES)}")
-        _check_keys(s, ("seeds", "notes", "data", "model", "train", "variants", "params"), f"{where} scale {preset}")
+        _check_keys(
+            s,
+            ("seeds", "notes", "data", "model", "train", "variants", "params"),
+            f"{where} scale {preset}",
+        )
         per_variant = _table(s, "variants", where)
         for name in per_variant:
             if name not in variants:
                 raise AttnlabError(f"{where}: scale {preset} overrides unknown variant {name!r}")
-        scales[preset] = Scale(int(s.get("seeds", 1)), s.get("notes", ""), s.get("data"),
-                               _table(s, "model", where), _table(s, "train", where), per_variant,
-                               _table(s, "params", where))
+        scales[preset] = Scale(
+            int(s.get("seeds", 1)),
+            s.get("notes", ""),
+            s.get("data"),
+            _table(s, "model", where),
+            _table(s, "train", where),
+            per_variant,
+            _table(s, "params", where),
+        )
     if not scales:
         raise AttnlabError(f"{where}: a study needs at least one [scale.<preset>] table")
-    spec = StudySpec(data.get("name") or Path(source).stem, data.get("description", ""), kind, variants,
-                     comparisons, scales, _table(data, "params", where), source)
+    spec = StudySpec(
+        data.get("name") or Path(source).stem,
+        data.get("description", ""),
+        kind,
+        variants,
+        comparisons,
+        scales,
+        _table(data, "params", where),
+        source,
+    )
     _add_wallclock_variants(spec)
     return spec
 
@@ -204,6 +244,13 @@ def _add_wallclock_variants(spec: StudySpec) -> None:
             name = f"{comp.baseline}{WALLCLOCK_SUFFIX}-{comp.variant}"
         base = spec.variants[comp.baseline]
         spec.variants[name] = Variant(
-            name, base.preset, f"{comp.baseline} trained for {comp.variant}'s wall-clock time",
-            dict(base.model), dict(base.train), comp.wallclock_reference, comp.baseline, comp.variant)
+            name,
+            base.preset,
+            f"{comp.baseline} trained for {comp.variant}'s wall-clock time",
+            dict(base.model),
+            dict(base.train),
+            comp.wallclock_reference,
+            comp.baseline,
+            comp.variant,
+        )
         spec.comparisons.append(Comparison(name, comp.variant))

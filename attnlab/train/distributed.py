@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -76,3 +78,53 @@ def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.AVG)
     return value
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the optimizer's own order (the ids of a plain optimizer state_dict)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def rebuild_optimizer(model: torch.nn.Module, make: Callable[[], torch.optim.Optimizer],
+                      state: dict[str, Any]) -> torch.optim.Optimizer:
+    """After fully_shard swapped every parameter: a new optimizer over the sharded ones, with
+    ``state`` (a plain, single-process optimizer state_dict, possibly empty) loaded into it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    optimizer = make()
+    if state["state"]:
+        names = _param_names(model, optimizer)
+        by_name = {"state": {names[i]: s for i, s in state["state"].items()},
+                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+    return optimizer
+
+
+def full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv, fsdp: bool,
+    make_model: Callable[[], torch.nn.Module],
+) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
+    """The model and optimizer state_dict as one process would hold them, on rank 0 (None elsewhere).
+
+    Under FSDP this is a collective (every rank must call it): the shards are gathered to rank 0's
+    CPU, loaded into a plain model from ``make_model`` and re-keyed to optimizer ids, so the
+    checkpoint is the same as a single process writes and resumes anywhere.
+    """
+    if not (fsdp and env.enabled):
+        return (model, optimizer.state_dict()) if env.is_main else (None, None)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    if not env.is_main:
+        return None, None
+    plain = make_model()
+    plain.load_state_dict(model_sd)
+    ids = {n: i for i, n in enumerate(_param_names(model, optimizer))}
+    groups, start = [], 0
+    for group in optimizer.param_groups:
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    return plain, {"state": {ids[n]: s for n, s in optim_sd["state"].items()}, "param_groups": groups}

@@ -28,8 +28,17 @@ DATA_DIR = "sft_data"
 SFT_FILE = "sft.json"
 VAL_EVERY = 20  # every 20th record is held out for validation
 # fine-tuning recipe on top of the source run's (device, batch size, dtype... carry over)
-DEFAULTS: dict[str, Any] = dict(max_iters=300, learning_rate=1e-4, min_lr=1e-5, warmup_iters=20,
-                                eval_interval=100, eval_iters=10, log_interval=10, ckpt_interval=None)
+DEFAULTS: dict[str, Any] = dict(
+    max_iters=300,
+    learning_rate=1e-4,
+    min_lr=1e-5,
+    warmup_iters=20,
+    eval_interval=100,
+    eval_iters=10,
+    log_interval=10,
+    ckpt_interval=None,
+    max_seconds=None,
+)
 
 Example = tuple[list[int], list[int]]  # (inputs, targets with -1 where not trained)
 
@@ -41,11 +50,28 @@ class ExampleSampler:
     batch split across ranks), so the Trainer, its checkpoints and resume work unchanged.
     """
 
-    def __init__(self, examples: list[Example], block_size: int, batch_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        examples: list[Example],
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if not examples:
             raise AttnlabError("no training examples")
-        self.examples, self.block_size, self.batch_size, self.device = examples, block_size, batch_size, device
+        if batch_size % world_size:
+            raise AttnlabError(
+                f"batch size {batch_size} is not divisible by world size {world_size}"
+            )
+        self.examples, self.block_size, self.batch_size, self.device = (
+            examples,
+            block_size,
+            batch_size,
+            device,
+        )
         per_rank = batch_size // world_size
         self._rows = slice(rank * per_rank, (rank + 1) * per_rank)
         self.generator = torch.Generator().manual_seed(seed)
@@ -54,22 +80,34 @@ class ExampleSampler:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         picks = torch.randint(len(self.examples), (self.batch_size,), generator=self.generator)
         self.batches_drawn += 1
-        return pad_batch([self.examples[i] for i in picks[self._rows].tolist()], self.block_size, self.device)
+        return pad_batch(
+            [self.examples[i] for i in picks[self._rows].tolist()], self.block_size, self.device
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "batches_drawn": self.batches_drawn,
-                "batch_size": self.batch_size, "block_size": self.block_size, "examples": len(self.examples)}
+        return {
+            "generator": self.generator.get_state(),
+            "batches_drawn": self.batches_drawn,
+            "batch_size": self.batch_size,
+            "block_size": self.block_size,
+            "examples": len(self.examples),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, mine in (("batch_size", self.batch_size), ("block_size", self.block_size),
-                          ("examples", len(self.examples))):
+        for key, mine in (
+            ("batch_size", self.batch_size),
+            ("block_size", self.block_size),
+            ("examples", len(self.examples)),
+        ):
             if state.get(key) != mine:
                 raise AttnlabError(f"sampler state has {key} {state.get(key)}, this run has {mine}")
         self.generator.set_state(state["generator"])
         self.batches_drawn = state["batches_drawn"]
 
 
-def pad_batch(examples: list[Example], block_size: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(
+    examples: list[Example], block_size: int, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.zeros(len(examples), block_size, dtype=torch.long)
     y = torch.full((len(examples), block_size), -1, dtype=torch.long)
     for row, (inp, tgt) in enumerate(examples):
@@ -78,8 +116,9 @@ def pad_batch(examples: list[Example], block_size: int, device: str | torch.devi
     return x.to(device), y.to(device)
 
 
-def encode_examples(records: list[dict[str, Any]], tokenizer: Tokenizer, chat: bool,
-                    block_size: int) -> tuple[list[Example], list[int], dict[str, int]]:
+def encode_examples(
+    records: list[dict[str, Any]], tokenizer: Tokenizer, chat: bool, block_size: int
+) -> tuple[list[Example], list[int], dict[str, int]]:
     """(inputs, targets) of each usable record, its last block_size + 1 tokens, their indices,
     and drop counts."""
     examples: list[Example] = []
@@ -102,7 +141,9 @@ def encode_examples(records: list[dict[str, Any]], tokenizer: Tokenizer, chat: b
     return examples, kept, dropped
 
 
-def resize_embeddings(sd: dict[str, torch.Tensor], vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
+def resize_embeddings(
+    sd: dict[str, torch.Tensor], vocab_size: int, seed: int
+) -> dict[str, torch.Tensor]:
     """Grow the token embedding (and an untied lm_head) to vocab_size rows; new rows ~ N(0, 0.02)."""
     sd = dict(sd)
     gen = torch.Generator().manual_seed(seed)
@@ -114,16 +155,24 @@ def resize_embeddings(sd: dict[str, torch.Tensor], vocab_size: int, seed: int) -
     return sd
 
 
-def _write_data(folder: Path, records: list[dict[str, Any]], tokenizer: Tokenizer, chat: bool,
-                block_size: int, source: str) -> None:
+def _write_data(
+    folder: Path,
+    records: list[dict[str, Any]],
+    tokenizer: Tokenizer,
+    chat: bool,
+    block_size: int,
+    source: str,
+) -> None:
     """The run's SFT data folder: a loadable prepared folder plus the records it was made of."""
     from attnlab.data.bins import write_tokens
 
     _, indices, dropped = encode_examples(records, tokenizer, chat, block_size)
     kept = [records[i] for i in indices]
     if len(kept) < 2:
-        raise AttnlabError(f"{source}: {len(kept)} usable record(s) (need 2: train and validation); "
-                           f"dropped {dropped}")
+        raise AttnlabError(
+            f"{source}: {len(kept)} usable record(s) (need 2: train and validation); "
+            f"dropped {dropped}"
+        )
     if any(dropped.values()):
         print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
     splits = {"val": kept[VAL_EVERY - 1 :: VAL_EVERY] or kept[-1:]}
@@ -132,12 +181,18 @@ def _write_data(folder: Path, records: list[dict[str, Any]], tokenizer: Tokenize
     folder.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.kind}
     for split, recs in splits.items():
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+        )
         ids = [t for r in recs for t in encode_record(tokenizer, r, chat)[0]]
         meta["dtype"] = write_tokens(folder / f"{split}.bin", ids, tokenizer.vocab_size)
         meta[f"{split}_tokens"] = len(ids)
-    meta["provenance"] = {"sft_source": source, "records": {k: len(v) for k, v in splits.items()},
-                          "dropped": dropped, "split": f"every {VAL_EVERY}th record is validation"}
+    meta["provenance"] = {
+        "sft_source": source,
+        "records": {k: len(v) for k, v in splits.items()},
+        "dropped": dropped,
+        "split": f"every {VAL_EVERY}th record is validation",
+    }
     tokenizer.save(folder / "tokenizer.json")
     ckpt.write_json(folder / "meta.json", meta)
     ckpt.write_json(folder / SFT_FILE, {"chat": chat, "source": source})
@@ -147,21 +202,33 @@ def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tens
     """The Trainer's ``batches`` hook: examples from the run's sft_data folder."""
     folder = trainer.data.dir
     if not (folder / SFT_FILE).is_file():
-        raise AttnlabError(f"{trainer.run_dir} is not an SFT run (its data folder has no {SFT_FILE})")
+        raise AttnlabError(
+            f"{trainer.run_dir} is not an SFT run (its data folder has no {SFT_FILE})"
+        )
     chat = json.loads((folder / SFT_FILE).read_text())["chat"]
     block, cfg, dist = trainer.model_config.block_size, trainer.cfg, trainer.dist
     tok = trainer.data.tokenizer
     train, _, _ = encode_examples(load_jsonl(folder / "train.jsonl"), tok, chat, block)
     val, _, _ = encode_examples(load_jsonl(folder / "val.jsonl"), tok, chat, block)
     val = val[: cfg.batch_size * cfg.eval_iters]
-    sampler = ExampleSampler(train, block, cfg.batch_size, cfg.seed, dist.rank, dist.world_size, trainer.device)
-    val_batches = [pad_batch(val[i : i + cfg.batch_size], block, trainer.device)
-                   for i in range(0, len(val), cfg.batch_size)]
+    sampler = ExampleSampler(
+        train, block, cfg.batch_size, cfg.seed, dist.rank, dist.world_size, trainer.device
+    )
+    val_batches = [
+        pad_batch(val[i : i + cfg.batch_size], block, trainer.device)
+        for i in range(0, len(val), cfg.batch_size)
+    ]
     return sampler, val_batches
 
 
-def start(source: str | Path, out: str | Path, data: str | Path | None = None, chat: bool = False,
-          overrides: list[str] | None = None, quiet: bool = False) -> Trainer:
+def start(
+    source: str | Path,
+    out: str | Path,
+    data: str | Path | None = None,
+    chat: bool = False,
+    overrides: list[str] | None = None,
+    quiet: bool = False,
+) -> Trainer:
     """A new SFT run in ``out`` from the model or run folder ``source``."""
     folder = ckpt.model_folder(source)
     out = Path(out).expanduser().resolve()
@@ -173,16 +240,28 @@ def start(source: str | Path, out: str | Path, data: str | Path | None = None, c
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     model_over, train_over = split_overrides(overrides or [])
     base = ckpt.read_model_config(folder)
-    model_config = base.replace(**{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)})
+    model_config = base.replace(
+        **{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)}
+    )
     source_train = folder / ckpt.TRAIN_CONFIG
     recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
     train_config = TrainConfig.from_dict({**recipe, **DEFAULTS, **train_over})
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)
     _write_data(out / DATA_DIR, records, tokenizer, chat, model_config.block_size, str(data_path))
-    weights = resize_embeddings(ckpt.read_weights(folder), model_config.vocab_size, train_config.seed)
-    return Trainer(out, model_config, train_config, out / DATA_DIR, vocab_from_data=False, quiet=quiet,
-                   batches=sft_batches, init_weights=weights)
+    weights = resize_embeddings(
+        ckpt.read_weights(folder), model_config.vocab_size, train_config.seed
+    )
+    return Trainer(
+        out,
+        model_config,
+        train_config,
+        out / DATA_DIR,
+        vocab_from_data=False,
+        quiet=quiet,
+        batches=sft_batches,
+        init_weights=weights,
+    )
 
 
 def resume(run: str | Path, overrides: list[str] | None = None, quiet: bool = False) -> Trainer:
@@ -191,4 +270,3 @@ def resume(run: str | Path, overrides: list[str] | None = None, quiet: bool = Fa
     if model_over:
         raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
     return Trainer(run, resume=True, resume_overrides=train_over, quiet=quiet, batches=sft_batches)
-

@@ -100,9 +100,14 @@ class MetricsLog:
             return
         with self.path.open() as f:
             rows = list(csv.reader(f))
-        kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= it]
-        with self.path.open("w", newline="") as f:
+        if not rows:
+            return
+        # a row cut short by a kill mid-append has too few fields: drop it too
+        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= it]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with tmp.open("w", newline="") as f:
             csv.writer(f).writerows(kept)
+        tmp.replace(self.path)  # a kill mid-rewrite leaves the old file, not half of it
 
     def write(self, row: dict[str, Any], final: bool = False) -> None:
         if self.columns is None and "train_loss" not in row and not final:
@@ -192,9 +197,12 @@ class Trainer:
         self.model = GPT(model_config).to(self.device)
         if init_weights is not None and saved is None:
             ckpt.load_weights_strict(self.model, init_weights, "init_weights")
-        self.optimizer = self.model.configure_optimizers(
-            train_config.weight_decay, train_config.learning_rate,
-            (train_config.beta1, train_config.beta2), self.device.type)
+        def make_optimizer() -> torch.optim.Optimizer:
+            return self.model.configure_optimizers(
+                train_config.weight_decay, train_config.learning_rate,
+                (train_config.beta1, train_config.beta2), self.device.type)
+
+        self.optimizer = make_optimizer()
         block = model_config.block_size
         if batches is not None:
             self.sampler, self.val_batches = batches(self)
@@ -216,6 +224,8 @@ class Trainer:
         elif self.dist.is_main:
             self._start_run_dir(data_dir)
         self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
+        if train_config.fsdp and self.dist.enabled:  # fully_shard swapped in sharded parameters
+            self.optimizer = distributed.rebuild_optimizer(self.model, make_optimizer, self.optimizer.state_dict())
         self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
 
     # --- run folder -------------------------------------------------------------------------
@@ -260,15 +270,20 @@ class Trainer:
                 "model": self.model_config.to_dict(), "train": self.cfg.to_dict(), "data": str(self.data.dir)})
 
     def save(self, name: str) -> None:
-        if not self.dist.is_main:
+        from attnlab.model import GPT
+
+        # a collective under FSDP (every rank gathers its shards), then rank 0 alone writes
+        model, optimizer_state = distributed.full_state(self.model, self.optimizer, self.dist, self.cfg.fsdp,
+                                                        lambda: GPT(self.model_config))
+        if model is None:
             return
         trainer_state = {
-            "optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
+            "optimizer": optimizer_state, "sampler": self.sampler.state_dict(),
             "torch_rng": torch.get_rng_state(), "state": self.state.__dict__,
         }
         if self.device.type == "cuda":
             trainer_state["cuda_rng"] = torch.cuda.get_rng_state()
-        ckpt.save_checkpoint(self.run_dir / name, self.model, self.data.tokenizer, self.cfg, trainer_state)
+        ckpt.save_checkpoint(self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state)
 
     # --- evaluation -------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:

@@ -6,8 +6,9 @@ residual a GRU-style gate on h = ln_2(x) (the same tensor the MLP reads) blends 
 
     g, c = sigmoid/tanh of W_gm(h) split in two;   M_new = g * M_prev + (1 - g) * c
 
-M starts as zeros at block 0 and the last block's M is discarded, so block 0's W_kvm and the last
-block's W_gm get zero gradient (kept, as in the reference fork, so AdamW's decay matches it).
+M starts as zeros at block 0 and the last block's M is discarded, as in the reference fork: block
+0's W_kvm sees only zeros (its gradient is a zero tensor, so AdamW still decays it) and the last
+block's W_gm never reaches the loss (its gradient stays None, so AdamW leaves it alone).
 M depends only on its own token, which makes caching K' and V' exact.
 
 ``m_inject`` reruns the seed's failed attempts: "output_mul" multiplies the attention output by
@@ -78,8 +79,7 @@ class MLPInput(nn.Module):
 def parts(config: ModelConfig) -> list[Part]:
     if not config.use_m_gate:
         return []
-    # the gate reads M_prev, so the injection that also reads it must run first: hooks of one
-    # block run attention (qkv/output) before the state update, and mlp_input before it too
+    # every injection reads M_prev; the block runs them before the gate overwrites it
     injected = {
         "kv": Part("attn", "W_kvm", ("qkv",), lambda: KVBias(config)),
         "output_mul": Part("attn", "m_output_mul", ("output",), OutputMul),

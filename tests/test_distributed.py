@@ -1,0 +1,111 @@
+"""`torchrun -m attnlab train` on 2 CPU ranks (gloo) against one process with the same global batch."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, tiny_model, tiny_train
+
+from attnlab.train.trainer import Trainer
+
+RECIPE = dict(max_iters=8, eval_interval=4, log_interval=1)  # log every step: compare every loss
+COMPARED = ("train_loss", "val_loss", "grad_norm")
+
+
+def overrides(**train) -> list[str]:
+    """tiny_model() + tiny_train(**train) as `key=value` arguments (vocab comes from the data)."""
+    model = {k: v for k, v in tiny_model().to_dict().items() if k != "vocab_size"}
+    return [f"{k}={json.dumps(v)}" for k, v in {**model, **tiny_train(**train).to_dict()}.items()]
+
+
+def torchrun(*args: str, nproc: int = 2) -> None:
+    """`torchrun --standalone` (a free port, so parallel tests don't collide) on CPU ranks."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "attnlab",
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    with (run_dir / "metrics.csv").open() as f:
+        return {
+            int(r["iter"]): {k: float(r[k]) for k in COMPARED if r[k]} for r in csv.DictReader(f)
+        }
+
+
+def assert_same_curves(a: Path, b: Path, iters: range) -> None:
+    ma, mb = metrics(a), metrics(b)
+    assert set(iters) <= set(ma) and set(iters) <= set(mb)
+    for it in iters:
+        assert ma[it].keys() == mb[it].keys(), it
+        for key, value in ma[it].items():
+            assert mb[it][key] == pytest.approx(value, rel=1e-4), f"iter {it} {key}"
+
+
+def resume(run_dir: Path, max_iters: int) -> None:
+    trainer = Trainer(run_dir, resume=True, resume_overrides={"max_iters": max_iters}, quiet=True)
+    trainer.run()
+    trainer.close()
+
+
+def test_ddp_matches_one_process_and_resumes_in_one(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """2 ranks x 4 rows see the global batches of 1 process x 8 rows: same losses, same grad norms.
+
+    The DDP run's checkpoint then continues in a single process exactly like the single run's.
+    """
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    train_tiny(single, **RECIPE)
+    torchrun("train", "--data", str(tiny_data), "--out", str(ddp), *overrides(**RECIPE))
+    assert len(metrics(ddp)) == RECIPE["max_iters"] + 1  # rank 0 alone writes the log
+    assert_same_curves(single, ddp, range(RECIPE["max_iters"] + 1))
+    for run in (single, ddp):
+        resume(run, 12)
+    assert_same_curves(single, ddp, range(9, 13))
+
+
+@pytest.mark.slow
+def test_single_process_checkpoint_resumes_under_ddp(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """The reverse direction: a run started in one process continues on 2 ranks."""
+    single, both = tmp_path / "single", tmp_path / "both"
+    for run in (single, both):
+        train_tiny(run, **RECIPE)
+    resume(single, 12)
+    torchrun("train", "--resume", str(both), "max_iters=12")
+    assert_same_curves(single, both, range(13))
+
+
+@pytest.mark.slow
+def test_fsdp_matches_one_process_and_checkpoints_cross_over(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """FSDP2 (fully_shard per block) on 2 gloo ranks: same curve; its checkpoint resumes in one
+    process, and a one-process checkpoint resumes under FSDP (sharded optimizer state reloaded)."""
+    single, fsdp, both = tmp_path / "single", tmp_path / "fsdp", tmp_path / "both"
+    train_tiny(single, **RECIPE)
+    train_tiny(both, **RECIPE)
+    torchrun("train", "--data", str(tiny_data), "--out", str(fsdp), *overrides(**RECIPE, fsdp=True))
+    assert_same_curves(single, fsdp, range(RECIPE["max_iters"] + 1))
+    resume(single, 12)
+    resume(fsdp, 12)
+    assert_same_curves(single, fsdp, range(13))
+    torchrun("train", "--resume", str(both), "max_iters=12", "fsdp=true")
+    assert_same_curves(single, both, range(13))

@@ -1,0 +1,224 @@
+"""SFT: ChatML formatting, special tokens, response-only loss, and fine-tuning runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_cli, tiny_model
+
+from attnlab.data.chat import (
+    IM_END,
+    IM_START,
+    SHIPPED,
+    SPECIAL_TOKENS,
+    encode_record,
+    format_chatml,
+    load_jsonl,
+    record_segments,
+    targets,
+)
+from attnlab.data.tokenizer import Tokenizer
+from attnlab.errors import AttnlabError
+from attnlab.model import GPT
+from attnlab.train import sft
+from attnlab.train.checkpoint import load_pretrained
+
+CHARS = "abcdefghijklmnopqrstuvwxyz ?.\n"
+CONVERSATION = [
+    {"role": "system", "content": "be brief."},
+    {"role": "user", "content": "hi?"},
+    {"role": "assistant", "content": "hello."},
+]
+
+
+def char_tokenizer() -> Tokenizer:
+    tok = Tokenizer.train_char(CHARS)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return tok
+
+
+def test_chatml_formatting_exact_string() -> None:
+    assert format_chatml(CONVERSATION) == (
+        "<|im_start|>system\nbe brief.<|im_end|>\n<|im_start|>user\nhi?<|im_end|>\n"
+        "<|im_start|>assistant\nhello.<|im_end|>\n"
+    )
+    assert format_chatml(CONVERSATION[:2], add_generation_prompt=True) == (
+        "<|im_start|>system\nbe brief.<|im_end|>\n<|im_start|>user\nhi?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    pair = {"prompt": "say hi", "response": "hi"}
+    assert "".join(t for t, _ in record_segments(pair)) == "say hi\nhi<|im_end|>"
+    assert "".join(t for t, _ in record_segments(pair, chat=True)) == (
+        "<|im_start|>user\nsay hi<|im_end|>\n<|im_start|>assistant\nhi<|im_end|>\n"
+    )
+
+
+def test_special_tokens_are_single_ids(tiny_data: Path) -> None:
+    char = char_tokenizer()
+    assert [char.token_to_id(t) for t in SPECIAL_TOKENS] == [len(CHARS), len(CHARS) + 1]
+    bpe = Tokenizer.train_bpe("to be or not to be that is the question " * 20, 60)
+    bpe_ids = bpe.add_special_tokens(SPECIAL_TOKENS)
+    for tok, (start, end) in (
+        (char, [char.token_to_id(t) for t in SPECIAL_TOKENS]),
+        (bpe, bpe_ids),
+    ):
+        assert tok.encode(IM_START) == [start] and tok.encode(IM_END) == [end]
+        ids = tok.encode(format_chatml(CONVERSATION[1:]))
+        assert ids.count(start) == 2 and ids.count(end) == 2
+    assert char.decode(encode_record(char, {"messages": CONVERSATION})[0]) == format_chatml(
+        CONVERSATION
+    )
+
+
+def test_loss_only_on_response_tokens() -> None:
+    tok = char_tokenizer()
+    ids, mask = encode_record(tok, {"messages": CONVERSATION})
+    y = targets(ids, mask)
+    # trained targets: exactly the assistant's "hello." and the <|im_end|> closing it
+    trained = [t for t in y if t != -1]
+    assert tok.decode(trained) == "hello.<|im_end|>"
+    assert y[-1] == -1  # the newline after the last <|im_end|> is not trained on
+
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=64)).eval()
+    x = torch.tensor([ids[:-1]])
+
+    def loss(tgt: list[int]) -> float:
+        with torch.no_grad():
+            return float(model(x, torch.tensor([tgt]))[1])
+
+    base = loss(y)
+    with torch.no_grad():
+        logits = model(x, all_logits=True)[0][0]
+    keep = torch.tensor(y) != -1
+    by_hand = F.cross_entropy(logits[keep], torch.tensor(y)[keep])
+    assert base == pytest.approx(float(by_hand), abs=1e-6)
+    # changing what the prompt tokens "should" be leaves the loss alone ...
+    prompt_changed = list(ids)
+    for i, m in enumerate(mask):
+        if not m:
+            prompt_changed[i] = tok.token_to_id("z")
+    assert loss(targets(prompt_changed, mask)) == base
+    # ... changing one response token does not
+    response_changed = list(ids)
+    response_changed[mask.index(True)] = tok.token_to_id("z")
+    assert loss(targets(response_changed, mask)) != base
+
+
+def test_load_jsonl_validates_records(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        '{"prompt": "a", "response": "b"}\n\n{"messages": [{"role": "user", "content": "x"}]}\n'
+    )
+    with pytest.raises(AttnlabError, match=r"d\.jsonl:3: conversation has no assistant"):
+        load_jsonl(path)
+    path.write_text('{"prompt": "a"}\n')
+    with pytest.raises(AttnlabError, match=r"d\.jsonl:1: expected \{'prompt', 'response'\}"):
+        load_jsonl(path)
+    path.write_text("{oops\n")
+    with pytest.raises(AttnlabError, match=r"d\.jsonl:1: not valid JSON"):
+        load_jsonl(path)
+    shipped = {name: load_jsonl(p) for name, p in SHIPPED.items()}
+    assert all("prompt" in r for r in shipped["instruct"]) and all(
+        "messages" in r for r in shipped["chat"]
+    )
+    assert sum(p.stat().st_size for p in SHIPPED.values()) < 300_000
+
+
+def test_resize_embeddings_keeps_rows_and_draws_new_ones() -> None:
+    old = torch.randn(10, 4)
+    sd = sft.resize_embeddings({"transformer.wte.weight": old, "x": torch.ones(2)}, 1010, seed=0)
+    assert sd["transformer.wte.weight"].shape == (1010, 4)
+    assert torch.equal(sd["transformer.wte.weight"][:10], old)
+    assert 0.018 < float(sd["transformer.wte.weight"][10:].std()) < 0.022
+    assert torch.equal(sd["x"], torch.ones(2))
+
+
+def _write_pairs(path: Path, tok: Tokenizer) -> None:
+    """Pairs over characters the tiny corpus certainly has."""
+    words = ["the", "king", "and", "lord", "is", "not", "here", "go"]
+    lines = [
+        json.dumps(
+            {"prompt": f"{words[i % 8]} {words[(i + 3) % 8]}", "response": words[(i + 5) % 8]}
+        )
+        for i in range(40)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_sft_tiny_run_is_a_normal_resumable_run(train_tiny, tmp_path: Path) -> None:
+    pre, _ = train_tiny(tmp_path / "pre", max_iters=2, eval_interval=2, eval_iters=1)
+    data = tmp_path / "pairs.jsonl"
+    _write_pairs(data, pre.data.tokenizer)
+    over = ["max_iters=10", "eval_interval=5", "eval_iters=2", "batch_size=4", "warmup_iters=2"]
+    trainer = sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over, quiet=True)
+    vocab = pre.model_config.vocab_size
+    assert trainer.model_config.vocab_size == vocab + 2
+    wte = trainer.model.transformer.wte.weight
+    assert torch.equal(wte[:vocab], pre.model.transformer.wte.weight)  # pretrained rows kept
+    assert trainer.model.lm_head.weight is wte  # still tied
+    sampler, val_batches = sft.sft_batches(trainer)  # a fresh copy: leave the run's stream alone
+    x, y = sampler.next_batch()
+    assert len(val_batches) == 1 and val_batches[0][0].shape == (2, 32)  # 2 of 40 records held out
+    assert x.shape == y.shape == (4, 32) and bool((y == -1).any()) and bool((y != -1).any())
+    summary = trainer.run()
+    assert summary["iters"] == 10 and summary["final_val_loss"] is not None
+
+    interrupted = sft.start(tmp_path / "pre", tmp_path / "sft2", data, overrides=over, quiet=True)
+    interrupted.run(until=5)
+    resumed = sft.resume(tmp_path / "sft2", quiet=True)
+    resumed.run()
+    for a, b in zip(
+        trainer.model.state_dict().values(), resumed.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+    model, tok = load_pretrained(tmp_path / "sft" / "latest")
+    assert tok.vocab_size == vocab + 2 and tok.encode(IM_END) == [vocab + 1]
+    assert model.config.vocab_size == vocab + 2
+    with pytest.raises(AttnlabError, match="already holds a run"):
+        sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over)
+
+
+@pytest.mark.slow
+def test_pretrain_sft_chat_sft_chain_on_shipped_data(tmp_path: Path) -> None:
+    """The offline pipeline through the CLI: pretrain, instruction SFT, chat SFT, chat."""
+    small = [
+        "n_layer=2",
+        "n_embd=32",
+        "n_head=4",
+        "n_kv_head=2",
+        "block_size=64",
+        "norm=rmsnorm",
+        "pos=rope",
+        "mlp=swiglu",
+        "ffn_sublayers=2",
+        "value_gate=true",
+    ]
+    quick = ["eval_interval=5", "eval_iters=2", "batch_size=4", "device=cpu", "tensorboard=false"]
+    steps = [
+        ("train", "--out", str(tmp_path / "pre"), "max_iters=5", *small, *quick),
+        ("sft", str(tmp_path / "pre"), "--out", str(tmp_path / "sft"), "max_iters=5", *quick),
+        (
+            "sft",
+            str(tmp_path / "sft"),
+            "--chat",
+            "--out",
+            str(tmp_path / "chat"),
+            "max_iters=5",
+            *quick,
+        ),
+    ]
+    for args in steps:
+        proc = run_cli(*args, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout[proc.stdout.index("{") :])["iters"] == 5
+    proc = run_cli(
+        "chat", str(tmp_path / "chat"), "--max-new-tokens", "8", input="Who speaks it?\n/exit\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "chat" / "sft_data" / "meta.json").read_text())
+    assert meta["provenance"]["sft_source"] == str(SHIPPED["chat"])

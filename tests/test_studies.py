@@ -1,0 +1,220 @@
+"""Studies: the kv-bias ci study end to end, statistics recomputed by hand, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from scipy import stats
+
+from attnlab.errors import AttnlabError
+from attnlab.studies.runner import run_study
+from attnlab.studies.spec import list_studies, load_spec, parse_spec
+
+KV_VARIANTS = {
+    "vanilla-128",
+    "kv-bias-112",
+    "kv-bias-detached",
+    "vanilla-112",
+    "vanilla-7l",
+    "vanilla-136",
+    "vanilla-128-wallclock",
+}
+RUN_KEYS = {"variant", "seed", "val_loss", "iters", "wall_s", "status"}
+COMPARISON_KEYS = {
+    "baseline",
+    "variant",
+    "n",
+    "t",
+    "p",
+    "p_holm",
+    "mean_diff",
+    "ppl_change_pct",
+    "wins",
+}
+
+
+def _holm_by_hand(p: list[float]) -> list[float]:
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    out, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def _check_statistics(results: dict) -> None:
+    """Every comparison recomputed from the runs: paired t by hand and by scipy, Holm by hand."""
+    loss = {
+        (r["variant"], r["seed"]): r["val_loss"] for r in results["runs"] if r["status"] == "ok"
+    }
+    for c in results["comparisons"]:
+        seeds = sorted(s for (v, s) in loss if v == c["variant"] and (c["baseline"], s) in loss)
+        v = [loss[c["variant"], s] for s in seeds]
+        b = [loss[c["baseline"], s] for s in seeds]
+        d = [x - y for x, y in zip(v, b, strict=True)]
+        n = len(d)
+        mean_d = sum(d) / n
+        sd = math.sqrt(sum((x - mean_d) ** 2 for x in d) / (n - 1))
+        t = mean_d / (sd / math.sqrt(n))
+        assert c["n"] == n == 2
+        assert c["t"] == pytest.approx(t, rel=1e-9)
+        assert c["t"] == pytest.approx(stats.ttest_rel(v, b).statistic, rel=1e-9)
+        assert c["p"] == pytest.approx(2 * stats.t.sf(abs(t), n - 1), rel=1e-9)
+        assert c["mean_diff"] == pytest.approx(mean_d)
+        assert c["ppl_change_pct"] == pytest.approx(
+            100 * (math.exp(sum(v) / n) / math.exp(sum(b) / n) - 1)
+        )
+        assert c["wins"] == f"{sum(x < y for x, y in zip(v, b, strict=True))}/{n}"
+    holm = _holm_by_hand([c["p"] for c in results["comparisons"]])
+    assert [c["p_holm"] for c in results["comparisons"]] == pytest.approx(holm, rel=1e-9)
+
+
+def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path) -> None:
+    out = tmp_path / "kv"
+    run_study(load_spec("kv-bias"), "ci", out, data=tiny_data)
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"runs", "comparisons"}
+    runs = results["runs"]
+    assert {(r["variant"], r["seed"]) for r in runs} == {
+        (v, s) for v in KV_VARIANTS for s in (0, 1)
+    }
+    assert all(RUN_KEYS <= set(r) and r["status"] == "ok" for r in runs), runs
+    for r in runs:  # paired by seed: the train seed of every variant's run s is s
+        config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert config["train"]["seed"] == r["seed"]
+    assert all(COMPARISON_KEYS <= set(c) for c in results["comparisons"])
+    # the six comparisons of the spec, then the wall-clock-matched one
+    assert [(c["variant"], c["baseline"]) for c in results["comparisons"]][-1] == (
+        "kv-bias-112",
+        "vanilla-128-wallclock",
+    )
+    assert len(results["comparisons"]) == 7
+    _check_statistics(results)
+
+    # The wall-clock budget: mechanism iters * its mean sec/step / the baseline's mean sec/step.
+    def mean_sps(name: str) -> float:
+        sps = [r["sec_per_step"] for r in runs if r["variant"] == name]
+        return sum(sps) / len(sps)
+
+    budget = round(20 * mean_sps("kv-bias-112") / mean_sps("vanilla-128"))
+    assert {r["iters"] for r in runs if r["variant"] == "vanilla-128-wallclock"} == {budget}
+    assert {r["iters"] for r in runs if r["variant"] != "vanilla-128-wallclock"} == {20}
+
+    report = (out / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
+    assert "figures/curves.png" in images
+    assert all(
+        (out / img).is_file() and (out / img).read_bytes()[:4] == b"\x89PNG" for img in images
+    )
+    assert "vanilla-128-wallclock" in report and "kv-bias-112 vs vanilla-128-wallclock" in report
+    lines = (out / "results.csv").read_text().splitlines()
+    assert len(lines) == 1 + len(runs)
+
+    # Resume: finished runs are skipped (summaries untouched); a run with latest/ but no summary
+    # is resumed from its checkpoint, which is already at max_iters, so it ends with the same loss.
+    summaries = sorted((out / "runs").glob("*/seed*/summary.json"))
+    assert len(summaries) == 14
+    mtimes = {p: p.stat().st_mtime_ns for p in summaries}
+    resumed = out / "runs" / "vanilla-112" / "seed1" / "summary.json"
+    resumed.unlink()
+    again = run_study(load_spec("kv-bias"), "ci", out, data=tiny_data)
+    assert again["study"]["retrained"] == 1
+    assert all(p.stat().st_mtime_ns == t for p, t in mtimes.items() if p != resumed)
+    assert resumed.is_file()
+
+    def key(rs: list[dict]) -> list[tuple]:
+        return sorted((r["variant"], r["seed"], r["val_loss"], r["iters"]) for r in rs)
+
+    assert key(again["runs"]) == key(runs)
+
+
+FAILING_STUDY = """
+name = "one-bad"
+description = "a good variant and one whose override is invalid"
+[variants.good]
+preset = "shakespeare-char"
+[variants.bad]
+preset = "shakespeare-char"
+model = { n_head = 5 }
+[[comparisons]]
+baseline = "good"
+variant = "bad"
+[scale.ci]
+seeds = 1
+model = { n_layer = 1, block_size = 16, n_embd = 32 }
+train = { max_iters = 4, eval_interval = 2, eval_iters = 1, batch_size = 4, warmup_iters = 1, device = "cpu" }
+"""
+
+
+def test_failing_run_is_recorded_and_others_finish(tmp_path: Path, tiny_data: Path) -> None:
+    spec_file = tmp_path / "one-bad.toml"
+    spec_file.write_text(FAILING_STUDY)
+    out = tmp_path / "study"
+    proc = run_cli(
+        "study",
+        str(spec_file),
+        "--preset",
+        "ci",
+        "--out",
+        str(out),
+        "--data",
+        str(tiny_data),
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+    )
+    assert proc.returncode == 1, proc.stderr  # finished, with failures
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    status = {(r["variant"], r["seed"]): r["status"] for r in runs}
+    assert status == {
+        ("good", 0): "ok",
+        ("good", 1): "ok",
+        ("bad", 0): "failed",
+        ("bad", 1): "failed",
+    }
+    bad = [r for r in runs if r["variant"] == "bad"]
+    assert all("n_embd=32 must be divisible by n_head=5" in r["error"] for r in bad)
+    good = [r for r in runs if r["variant"] == "good"]
+    assert all(r["iters"] == 4 and math.isfinite(r["val_loss"]) for r in good)
+    comparison = json.loads((out / "results.json").read_text())["comparisons"][0]
+    assert comparison["n"] == 0 and comparison["wins"] == "0/0"
+    assert "bad seed 0" in (out / "report.md").read_text()
+
+
+def test_shipped_specs_resolve_at_every_preset() -> None:
+    """Every variant of every shipped study builds valid configs at ci, cpu and paper."""
+    from attnlab.train.spec import _flatten, resolve
+
+    names = {name for name, _ in list_studies()}
+    assert names == {"kv-bias", "qkve", "gba-lm", "gba-retrieval", "overhead"}
+    for name in names:
+        spec = load_spec(name)
+        assert set(spec.scales) == {"ci", "cpu", "paper"}, name
+        for preset in spec.scales:
+            for variant in spec.variants.values():
+                model, train = spec.layered(variant, preset)
+                resolve(variant.preset, None, _flatten(model) + _flatten(train), "unused-data-dir")
+
+
+def test_spec_errors_are_one_line() -> None:
+    with pytest.raises(AttnlabError, match="comparison variant 'nope' is not a variant"):
+        parse_spec(
+            {
+                "variants": {"a": {"preset": "shakespeare-char"}},
+                "comparisons": [{"baseline": "a", "variant": "nope"}],
+                "scale": {"ci": {"seeds": 1}},
+            }
+        )
+    with pytest.raises(AttnlabError, match="unknown study"):
+        load_spec("no-such-study")
+    with pytest.raises(AttnlabError, match="has no preset 'cpu'"):
+        parse_spec(
+            {"variants": {"a": {"preset": "shakespeare-char"}}, "scale": {"ci": {"seeds": 1}}}
+        ).scale("cpu")
