@@ -63,8 +63,10 @@ def parse_formats(text: str) -> list[str]:
         names = set(FORMATS)
     unknown = sorted(names - set(FORMATS))
     if unknown or not names:
-        raise AttnlabError(f"unknown format(s) {', '.join(unknown) or repr(text)}; "
-                           f"choose all or some of {', '.join(FORMATS)}")
+        raise AttnlabError(
+            f"unknown format(s) {', '.join(unknown) or repr(text)}; "
+            f"choose all or some of {', '.join(FORMATS)}"
+        )
     if "onnx-int8" in names:
         names.add("onnx")
     return [f for f in FORMATS if f in names]
@@ -101,8 +103,14 @@ def write_metadata(folder: Path, config: Any, tokenizer: Any | None) -> None:
         return
     tokenizer.save(folder / ckpt.TOKENIZER)
     added = {
-        str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
-                 "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special}
+        str(i): {
+            "content": t.content,
+            "lstrip": t.lstrip,
+            "normalized": t.normalized,
+            "rstrip": t.rstrip,
+            "single_word": t.single_word,
+            "special": t.special,
+        }
         for i, t in sorted(tokenizer.hf.get_added_tokens_decoder().items())
     }
     tokenizer_config = {
@@ -148,9 +156,15 @@ def write_onnx(model: nn.Module, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
-            LogitsModel(model).eval(), (example_input(model.config),), str(path), dynamo=True,
-            input_names=[INPUT], output_names=[OUTPUT], dynamic_shapes={INPUT: {0: batch, 1: seq}},
-            external_data=weight_bytes > PROTOBUF_LIMIT, verbose=False,
+            LogitsModel(model).eval(),
+            (example_input(model.config),),
+            str(path),
+            dynamo=True,
+            input_names=[INPUT],
+            output_names=[OUTPUT],
+            dynamic_shapes={INPUT: {0: batch, 1: seq}},
+            external_data=weight_bytes > PROTOBUF_LIMIT,
+            verbose=False,
         )
     onnx.checker.check_model(str(path))
 
@@ -242,6 +256,10 @@ def load_onnx(path: str | Path, int8: bool = False) -> tuple[OnnxLM, Any | None]
     folder = Path(path).expanduser()
     file = folder / FILES["onnx-int8" if int8 else "onnx"]
     if not file.is_file():
-        raise AttnlabError(f"{folder} has no {file.name}; run `attnlab export {folder} --out DIR` first")
-    tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER) if (folder / ckpt.TOKENIZER).is_file() else None
+        raise AttnlabError(
+            f"{folder} has no {file.name}; run `attnlab export {folder} --out DIR` first"
+        )
+    tokenizer = (
+        Tokenizer.load(folder / ckpt.TOKENIZER) if (folder / ckpt.TOKENIZER).is_file() else None
+    )
     return OnnxLM(file, ckpt.read_model_config(folder)), tokenizer

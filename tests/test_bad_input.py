@@ -1,4 +1,8 @@
-"""Every bad input gets one line on stderr and exit status 2, never a traceback (--debug shows it)."""
+"""Every bad input gets one line on stderr and exit status 2, never a traceback (--debug shows it).
+
+Most cases run the CLI's ``main`` in-process (the ``attnlab`` fixture: same code, no interpreter
+start-up); a few go end to end through ``python -m attnlab`` (run_cli).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,19 @@ from test_untrusted import model_dir  # noqa: F401  (a fixture: a saved tiny mod
 
 TINY = ["block_size=32", "n_layer=2", "n_head=4", "n_embd=32", "max_iters=2", "eval_iters=1",
         "batch_size=4", "device=cpu", "tensorboard=false"]  # fmt: skip
+
+
+@pytest.fixture
+def attnlab(capsys: pytest.CaptureFixture):
+    """``attnlab(*args)``: the CLI's main run in this process, as a CompletedProcess."""
+    from attnlab.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        status = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), status, out.out, out.err)
+
+    return run
 
 
 def error_line(p: subprocess.CompletedProcess, command: str) -> str:
@@ -46,10 +63,17 @@ def error_line(p: subprocess.CompletedProcess, command: str) -> str:
         ),
     ],
 )
-def test_bad_train_config(tiny_data: Path, tmp_path: Path, args, expected):
-    p = run_cli("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *args)
+def test_bad_train_config(attnlab, tiny_data: Path, tmp_path: Path, args, expected):
+    p = attnlab("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *args)
     assert error_line(p, "train").startswith(expected)
     assert not (tmp_path / "run").exists()
+
+
+def test_unknown_key_end_to_end(tiny_data: Path, tmp_path: Path):
+    p = run_cli("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), "lerning_rate=1")
+    assert (
+        error_line(p, "train") == "unknown config key 'lerning_rate'; did you mean 'learning_rate'?"
+    )
 
 
 def test_debug_shows_the_traceback(tiny_data: Path, tmp_path: Path):
@@ -86,9 +110,9 @@ def _latin1(tmp_path: Path) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("make", [_missing, _empty, _latin1])
-def test_bad_corpus(tmp_path: Path, make):
+def test_bad_corpus(attnlab, tmp_path: Path, make):
     path, expected = make(tmp_path)
-    p = run_cli("prepare", "--corpus", str(path), "--out", str(tmp_path / "data"))
+    p = attnlab("prepare", "--corpus", str(path), "--out", str(tmp_path / "data"))
     assert error_line(p, "prepare") == expected.format(path=path)
     assert not (tmp_path / "data").exists()
 
@@ -117,10 +141,10 @@ def short_data(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("block", "split"), [(64, "val"), (512, "train")])
-def test_data_shorter_than_a_block(short_data: Path, tmp_path: Path, block, split):
+def test_data_shorter_than_a_block(attnlab, short_data: Path, tmp_path: Path, block, split):
     n = json.loads((short_data / "meta.json").read_text())[f"{split}_tokens"]
     assert n < block + 1
-    p = run_cli(
+    p = attnlab(
         "train",
         "--data",
         str(short_data),
@@ -145,10 +169,10 @@ def _poison_bin(data: Path, split: str) -> tuple[int, int]:
     return bad, meta["vocab_size"]
 
 
-def test_out_of_range_token_id_in_train_bin(tiny_data: Path, tmp_path: Path):
+def test_out_of_range_token_id_in_train_bin(attnlab, tiny_data: Path, tmp_path: Path):
     data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
     bad, vocab = _poison_bin(data, "train")
-    p = run_cli("train", "--data", str(data), "--out", str(tmp_path / "run"), *TINY)
+    p = attnlab("train", "--data", str(data), "--out", str(tmp_path / "run"), *TINY)
     assert error_line(p, "train") == f"{data / 'train.bin'}: token id {bad} >= vocab size {vocab}"
 
 
@@ -159,13 +183,13 @@ def test_out_of_range_token_id_in_eval_data(model_dir: Path, tiny_data: Path, tm
     assert error_line(p, "eval") == f"{data / 'val.bin'}: token id {bad} >= vocab size {vocab}"
 
 
-def test_resume_of_a_folder_that_is_not_a_run(model_dir: Path, tmp_path: Path):  # noqa: F811
-    p = run_cli("train", "--resume", str(tmp_path / "nowhere"))
+def test_resume_of_a_folder_that_is_not_a_run(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    p = attnlab("train", "--resume", str(tmp_path / "nowhere"))
     assert error_line(p, "train") == (
         f"cannot resume {tmp_path / 'nowhere'}: no config.json (is it a run folder?)"
     )
     # a model folder has a config.json too, but not a run's
-    p = run_cli("train", "--resume", str(model_dir))
+    p = attnlab("train", "--resume", str(model_dir))
     assert error_line(p, "train") == (
         f"cannot resume {model_dir}: its config.json is not a run's "
         "(a model folder? resume the run folder above it)"

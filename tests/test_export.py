@@ -23,8 +23,18 @@ from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
 
 # every mechanism at once: K/V-bias + value gate + boosted rounds + twicing on the QKVE backbone
-ALL_MECHANISMS = dict(use_m_gate=True, value_gate=True, boost_rounds=2, twicing=True, n_kv_head=2,
-                      pos="rope", norm="rmsnorm", mlp="swiglu", ffn_sublayers=2, bias=True)
+ALL_MECHANISMS = dict(
+    use_m_gate=True,
+    value_gate=True,
+    boost_rounds=2,
+    twicing=True,
+    n_kv_head=2,
+    pos="rope",
+    norm="rmsnorm",
+    mlp="swiglu",
+    ffn_sublayers=2,
+    bias=True,
+)
 CONFIGS = {
     "vanilla": dict(),
     "purpose_state": dict(use_m_gate=True),
@@ -68,7 +78,8 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
     onnx.checker.check_model(str(folder / FILES["onnx"]))
     dims = lambda v: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
     assert [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in graph.input] == [
-        ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])]
+        ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])
+    ]
     assert [(v.name, dims(v)) for v in graph.output] == [("logits", ["batch", "seq", 64])]
     lm, _ = load_onnx(folder)
     gen = torch.Generator().manual_seed(1)
@@ -108,10 +119,17 @@ def test_folder_metadata(exported: tuple[GPT, Path]) -> None:
     start, end = tok.token_to_id(IM_START), tok.token_to_id(IM_END)
     assert (start, end) == (56, 57)  # after the 56 characters
     assert json.loads((out / "generation_config.json").read_text()) == {
-        "bos_token_id": start, "eos_token_id": end, "max_length": 32,
-        "do_sample": True, "temperature": 0.8, "top_k": 200}
+        "bos_token_id": start,
+        "eos_token_id": end,
+        "max_length": 32,
+        "do_sample": True,
+        "temperature": 0.8,
+        "top_k": 200,
+    }
     assert json.loads((out / "special_tokens_map.json").read_text()) == {
-        "bos_token": IM_START, "eos_token": IM_END}
+        "bos_token": IM_START,
+        "eos_token": IM_END,
+    }
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and cfg["model_max_length"] == 32
     assert cfg["added_tokens_decoder"][str(end)]["content"] == IM_END
@@ -123,7 +141,9 @@ def test_folder_metadata(exported: tuple[GPT, Path]) -> None:
     assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items() if k in sd)
 
 
-def test_from_pretrained_prefers_safetensors_then_bin(exported: tuple[GPT, Path], tmp_path: Path) -> None:
+def test_from_pretrained_prefers_safetensors_then_bin(
+    exported: tuple[GPT, Path], tmp_path: Path
+) -> None:
     model, out = exported
     x = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(2))
     loaded, tok = from_pretrained(out)
@@ -173,18 +193,26 @@ def test_torchscript_loads_without_attnlab(exported: tuple[GPT, Path], tmp_path:
         "assert not any(k.startswith('attnlab') for k in sys.modules), 'attnlab was imported'\n"
     )
     # -I: isolated mode, no PYTHONPATH, no cwd or user site on sys.path; cwd outside the repo
-    proc = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), torch_logits(model, x), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "y.npy"), torch_logits(model, x), atol=1e-5, rtol=0
+    )
 
 
 def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], capsys) -> None:
     _, out = exported
     texts = {}
     for backend in ("torch", "onnxruntime"):
-        assert cli_main(["sample", str(out), "--backend", backend, "--prompt", "To be", "--temperature", "0",
-                         "--max-new-tokens", "40", "--device", "cpu"]) == 0
+        greedy = ["--temperature", "0", "--max-new-tokens", "40", "--device", "cpu"]
+        args = ["sample", str(out), "--backend", backend, "--prompt", "To be", *greedy]
+        assert cli_main(args) == 0
         texts[backend] = capsys.readouterr().out
     assert texts["onnxruntime"].startswith("To be") and len(texts["onnxruntime"]) > 40
     # greedy decoding: the windowed ONNX recompute past block 32 and the torch path agree token for token
@@ -193,10 +221,25 @@ def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], ca
 
 def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
     _, out = exported
-    assert cli_main(["bench", "export", "--model", str(out), "--tokens", "4", "--prompts", "2",
-                     "--reps", "1"]) == 0
+    args = [
+        "bench",
+        "export",
+        "--model",
+        str(out),
+        "--tokens",
+        "4",
+        "--prompts",
+        "2",
+        "--reps",
+        "1",
+    ]
+    assert cli_main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    rows = {line.split("  ")[0]: line.split() for line in lines if line.startswith(("pytorch", "onnxruntime"))}
+    rows = {
+        line.split("  ")[0]: line.split()
+        for line in lines
+        if line.startswith(("pytorch", "onnxruntime"))
+    }
     assert list(rows) == ["pytorch fp32", "onnxruntime fp32", "onnxruntime int8"]
     assert rows["pytorch fp32"][-2:] == ["1.00x", "100%"]
     assert rows["onnxruntime fp32"][-1] == "100%"  # same greedy tokens as PyTorch
@@ -204,12 +247,19 @@ def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
 
 def test_export_cli_progress_and_errors(tmp_path: Path, capsys) -> None:
     save_checkpoint(tmp_path / "ckpt", make_model(), None)
-    assert cli_main(["export", str(tmp_path / "ckpt"), "--formats", "safetensors,bin",
-                     "--out", str(tmp_path / "out")]) == 0
+    args = ["export", str(tmp_path / "ckpt"), "--formats", "safetensors,bin"]
+    assert cli_main([*args, "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("export:")] == ["safetensors", "bin"]
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("export:")] == [
+        "safetensors",
+        "bin",
+    ]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin"]
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+    ]
     assert cli_main(["export", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli_main(["sample", str(tmp_path / "out"), "--backend", "onnxruntime"]) == 2
@@ -262,7 +312,9 @@ def int8_agreement(model: GPT, folder: Path, tokens: np.ndarray) -> tuple[float,
 def test_int8_keeps_trained_predictions(train_tiny, tmp_path: Path) -> None:
     trainer, _ = train_tiny(tmp_path / "run", max_iters=120, eval_interval=120)
     export(tmp_path / "run", tmp_path / "out", ["onnx-int8"])
-    agreement, loss32, loss8 = int8_agreement(trainer.model.eval(), tmp_path / "out", trainer.data.val)
+    agreement, loss32, loss8 = int8_agreement(
+        trainer.model.eval(), tmp_path / "out", trainer.data.val
+    )
     assert loss32 < 0.7 * math.log(trainer.model.config.vocab_size)  # well below uniform: trained
     assert agreement >= 0.95
     assert abs(loss8 - loss32) / loss32 < 0.02

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,11 @@ def _write_pairs(path: Path, tok: Tokenizer) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_sft_tiny_run_is_a_normal_resumable_run(train_tiny, tmp_path: Path) -> None:
+def test_sft_tiny_run_is_a_normal_resumable_run(
+    train_tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.cli import main
+
     pre, _ = train_tiny(tmp_path / "pre", max_iters=2, eval_interval=2, eval_iters=1)
     data = tmp_path / "pairs.jsonl"
     _write_pairs(data, pre.data.tokenizer)
@@ -179,6 +184,9 @@ def test_sft_tiny_run_is_a_normal_resumable_run(train_tiny, tmp_path: Path) -> N
     model, tok = load_pretrained(tmp_path / "sft" / "latest")
     assert tok.vocab_size == vocab + 2 and tok.encode(IM_END) == [vocab + 1]
     assert model.config.vocab_size == vocab + 2
+    assert main(["info", str(tmp_path / "sft")]) == 0  # info reads a run folder too
+    # the grown token table plus the learned position table (block 32 x width 32)
+    assert re.search(rf"embeddings +{(vocab + 2) * 32 + 32 * 32:,}\n", capsys.readouterr().out)
     with pytest.raises(AttnlabError, match="already holds a run"):
         sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over)
 

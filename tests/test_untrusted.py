@@ -76,6 +76,11 @@ def test_code_running_pickle_is_refused_and_runs_nothing(model_dir: Path, tmp_pa
     assert "weights_only" not in msg  # torch's advice to load it unsafely is not passed on
     assert not marker.exists()
 
+
+def test_cli_sample_refuses_a_code_running_pickle(model_dir: Path, tmp_path: Path):
+    marker = tmp_path / "marker"
+    (model_dir / ckpt.WEIGHTS).unlink()
+    write_payload(model_dir / ckpt.BIN_WEIGHTS, marker, "torch.save")
     p = run_cli("sample", str(model_dir), "--max-new-tokens", "2", "--device", "cpu")
     assert p.returncode == 2
     assert p.stderr.startswith(f"attnlab sample: error: {model_dir / ckpt.BIN_WEIGHTS} refused")

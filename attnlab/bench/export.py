@@ -38,7 +38,9 @@ def bench_model(args: argparse.Namespace, scratch: Path) -> tuple[Any, Path]:
     return model, scratch
 
 
-def measure(model: Any, folder: Path, tokens: int, prompts: int, prompt_len: int, reps: int) -> list[list[str]]:
+def measure(
+    model: Any, folder: Path, tokens: int, prompts: int, prompt_len: int, reps: int
+) -> list[list[str]]:
     """Table rows: backend, file MB, tokens/s, throughput vs PyTorch, share of PyTorch's tokens."""
     import torch
 
@@ -46,38 +48,63 @@ def measure(model: Any, folder: Path, tokens: int, prompts: int, prompt_len: int
     from attnlab.export import FILES, OnnxLM
 
     cfg = model.config
-    prompt = torch.randint(0, cfg.vocab_size, (prompts, prompt_len), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(
+        0, cfg.vocab_size, (prompts, prompt_len), generator=torch.Generator().manual_seed(0)
+    )
     threads = torch.get_num_threads()
     backends = {
         "pytorch fp32": (model.eval(), folder / FILES["safetensors"]),
         "onnxruntime fp32": (OnnxLM(folder / FILES["onnx"], cfg, threads), folder / FILES["onnx"]),
-        "onnxruntime int8": (OnnxLM(folder / FILES["onnx-int8"], cfg, threads), folder / FILES["onnx-int8"]),
+        "onnxruntime int8": (
+            OnnxLM(folder / FILES["onnx-int8"], cfg, threads),
+            folder / FILES["onnx-int8"],
+        ),
     }
     outputs: dict[str, torch.Tensor] = {}
 
     def decode(name: str) -> None:
         outputs[name] = backends[name][0].generate(prompt, tokens, temperature=0.0, use_cache=False)
 
-    timings = interleaved({name: (lambda name=name: decode(name)) for name in backends}, "pytorch fp32", reps)
+    timings = interleaved(
+        {name: (lambda name=name: decode(name)) for name in backends}, "pytorch fp32", reps
+    )
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = []
     for name, (_, file) in backends.items():
         size = file.stat().st_size if file.is_file() else weight_bytes
-        same = (outputs[name][:, prompt_len:] == outputs["pytorch fp32"][:, prompt_len:]).float().mean()
-        rows.append([name, f"{size / 1e6:.2f}", f"{prompts * tokens / timings[name].median_s:,.0f}",
-                     f"{1 / timings[name].ratio:.2f}x", f"{100 * float(same):.0f}%"])
+        same = (
+            (outputs[name][:, prompt_len:] == outputs["pytorch fp32"][:, prompt_len:])
+            .float()
+            .mean()
+        )
+        rows.append(
+            [
+                name,
+                f"{size / 1e6:.2f}",
+                f"{prompts * tokens / timings[name].median_s:,.0f}",
+                f"{1 / timings[name].ratio:.2f}x",
+                f"{100 * float(same):.0f}%",
+            ]
+        )
     return rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("export", help="tokens/s of PyTorch vs onnxruntime fp32 and int8")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="shakespeare-char", help="a randomly initialised model of this preset")
-    src.add_argument("--model", metavar="DIR",
-                     help="an exported folder (its ONNX files are used) or a run/model folder (exported first)")
+    src.add_argument(
+        "--preset", default="shakespeare-char", help="a randomly initialised model of this preset"
+    )
+    src.add_argument(
+        "--model",
+        metavar="DIR",
+        help="an exported folder (its ONNX files are used) or a run/model folder (exported first)",
+    )
     p.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
     p.add_argument("--prompts", type=int, default=4, help="prompts, decoded together as one batch")
-    p.add_argument("--prompt-len", type=int, default=None, help="tokens per prompt (default: block_size / 4)")
+    p.add_argument(
+        "--prompt-len", type=int, default=None, help="tokens per prompt (default: block_size / 4)"
+    )
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
     p.set_defaults(func=run)
 
@@ -98,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
         prompt_len = min(args.prompt_len or max(1, cfg.block_size // 4), cfg.block_size)
         rows = measure(model, folder, args.tokens, args.prompts, prompt_len, args.reps)
     source = args.model or f"preset {args.preset} (random weights)"
-    print(f"{source}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {model.get_num_params() / 1e6:.2f}M parameters; "
-          f"{args.prompts} prompts x {prompt_len} tokens, {args.tokens} new tokens each, greedy, no KV cache, "
-          f"{torch.get_num_threads()} threads, {args.reps} reps")
+    print(
+        f"{source}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {model.get_num_params() / 1e6:.2f}M parameters; "
+        f"{args.prompts} prompts x {prompt_len} tokens, {args.tokens} new tokens each, greedy, no KV cache, "
+        f"{torch.get_num_threads()} threads, {args.reps} reps"
+    )
     print(format_table(["backend", "file MB", "tokens/s", "vs pytorch", "same tokens"], rows))
     return 0

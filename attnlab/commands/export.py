@@ -6,13 +6,20 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab.export import FILES
-
-    p = subparsers.add_parser("export", help="write safetensors / bin / TorchScript / ONNX / int8 ONNX")
+    # the format names are spelled out (not imported from attnlab.export) to keep torch out of --help
+    p = subparsers.add_parser(
+        "export", help="write safetensors / bin / TorchScript / ONNX / int8 ONNX"
+    )
     p.add_argument("model", metavar="RUN_OR_FOLDER")
-    p.add_argument("--formats", default="all",
-                   help=f"all, or a comma list of {', '.join(FILES)} (onnx-int8 also writes onnx)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (created if missing)")
+    p.add_argument(
+        "--formats",
+        default="all",
+        help="all, or a comma list of safetensors, bin, torchscript, onnx, onnx-int8 "
+        "(onnx-int8 also writes onnx)",
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="folder to write (created if missing)"
+    )
     p.set_defaults(func=run)
 
 
@@ -20,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.export import export, parse_formats
 
     formats = parse_formats(args.formats)
-    written = export(args.model, args.out, formats, log=lambda line: print(f"export: {line}", flush=True))
+    written = export(
+        args.model, args.out, formats, log=lambda line: print(f"export: {line}", flush=True)
+    )
     print(f"wrote {len(written)} format(s) to {args.out}")
     return 0

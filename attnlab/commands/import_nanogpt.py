@@ -43,7 +43,9 @@ def read_meta(path: str | Path):
     if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))):
         raise AttnlabError(f"{path}: expected a dict with 'itos' mapping ids 0..n-1 to characters")
     if meta.get("vocab_size", len(itos)) != len(itos):
-        raise AttnlabError(f"{path}: vocab_size={meta['vocab_size']} but itos has {len(itos)} entries")
+        raise AttnlabError(
+            f"{path}: vocab_size={meta['vocab_size']} but itos has {len(itos)} entries"
+        )
     stoi = meta.get("stoi", {})
     if any(stoi.get(c, i) != i for i, c in itos.items()):
         raise AttnlabError(f"{path}: stoi and itos disagree")
@@ -56,7 +58,9 @@ def nanogpt_weights(sd: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     sd = {k: v for k, v in sd.items() if not k.endswith(".attn.bias")}
     head, wte = sd.get("lm_head.weight"), sd.get("transformer.wte.weight")
     # nanoGPT always ties; an untied head (someone's fork) is kept as its own matrix
-    tied = head is None or (wte is not None and head.shape == wte.shape and bool((head == wte).all()))
+    tied = head is None or (
+        wte is not None and head.shape == wte.shape and bool((head == wte).all())
+    )
     return sd, tied
 
 
@@ -67,9 +71,14 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | No
     from attnlab.train.checkpoint import load_weights_strict, safe_torch_load, write_model_folder
 
     saved = safe_torch_load(ckpt_path)
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) \
-            or not isinstance(saved.get("model_args"), dict):
-        raise AttnlabError(f"{ckpt_path} is not a nanoGPT checkpoint (no 'model' and 'model_args' dicts)")
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("model"), dict)
+        or not isinstance(saved.get("model_args"), dict)
+    ):
+        raise AttnlabError(
+            f"{ckpt_path} is not a nanoGPT checkpoint (no 'model' and 'model_args' dicts)"
+        )
     sd, tied = nanogpt_weights(saved["model"])
     try:
         config = ModelConfig.from_dict({**saved["model_args"], "tie_embeddings": tied})
@@ -77,8 +86,9 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | No
         raise AttnlabError(f"{ckpt_path}: model_args: {e}") from None
     tokenizer = read_meta(meta) if meta is not None else None
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise AttnlabError(f"{meta} has {tokenizer.vocab_size} characters, the model only "
-                           f"{config.vocab_size} ids")
+        raise AttnlabError(
+            f"{meta} has {tokenizer.vocab_size} characters, the model only {config.vocab_size} ids"
+        )
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too
     load_weights_strict(model, sd, str(ckpt_path))
     out = Path(out)
@@ -88,9 +98,13 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | No
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("import-nanogpt", help="convert a nanoGPT train.py checkpoint (ckpt.pt)")
+    p = subparsers.add_parser(
+        "import-nanogpt", help="convert a nanoGPT train.py checkpoint (ckpt.pt)"
+    )
     p.add_argument("ckpt", metavar="CKPT.pt")
-    p.add_argument("--meta", metavar="meta.pkl", help="nanoGPT's char vocabulary, becomes tokenizer.json")
+    p.add_argument(
+        "--meta", metavar="meta.pkl", help="nanoGPT's char vocabulary, becomes tokenizer.json"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="model folder to write")
     p.set_defaults(func=run)
 
@@ -99,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = import_nanogpt(args.ckpt, args.out, args.meta)
     cfg = model.config
     note = f", {tokenizer.vocab_size}-char tokenizer" if tokenizer is not None else ", no tokenizer"
-    print(f"imported {cfg.n_layer} layers x {cfg.n_embd}, vocab {cfg.vocab_size}, "
-          f"{model.get_num_params() / 1e6:.2f}M parameters{note} -> {args.out}")
+    print(
+        f"imported {cfg.n_layer} layers x {cfg.n_embd}, vocab {cfg.vocab_size}, "
+        f"{model.get_num_params() / 1e6:.2f}M parameters{note} -> {args.out}"
+    )
     return 0

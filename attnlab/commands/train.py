@@ -19,12 +19,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from attnlab.config import split_overrides
     from attnlab.errors import AttnlabError
     from attnlab.train.spec import resolve
     from attnlab.train.trainer import Trainer
 
     if args.resume:
+        if (Path(args.resume) / "sft_data" / "sft.json").is_file():
+            raise AttnlabError(f"{args.resume} is a fine-tuning run; continue it with `attnlab sft --resume`")
         model_over, train_over = split_overrides(args.overrides)
         if model_over:
             raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")

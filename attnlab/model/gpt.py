@@ -38,11 +38,13 @@ class Block(nn.Module):
         self.hooks = attach(self, config, "block")
 
     def _ffn_input(self, h: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Run the block-level hooks on the FFN input h: injections read the state, then it updates."""
+        updated = h
+        for part in self.hooks["mlp_input"]:
+            updated = part.adjust_mlp_input(updated, ctx)
         for part in self.hooks["state"]:
             part.update_state(h, ctx)
-        for part in self.hooks["mlp_input"]:
-            h = part.adjust_mlp_input(h, ctx)
-        return h
+        return updated
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         if self.pre_norm:

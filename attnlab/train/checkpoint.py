@@ -96,7 +96,8 @@ def save_checkpoint(
         os.replace(tmp, folder)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        lines = str(e).splitlines() or [type(e).__name__]
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else lines[0]
         raise AttnlabError(f"could not write checkpoint {folder} ({reason}); "
                            "the previous checkpoint is intact") from e
     shutil.rmtree(aside, ignore_errors=True)
