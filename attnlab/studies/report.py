@@ -210,6 +210,94 @@ def _lm_sections(
     return lines
 
 
+def _analysis_sections(analyses: dict[str, Any]) -> list[str]:
+    titles = {
+        "per_position": "Per-position loss",
+        "names": "Name test",
+        "gates": "Boosting gates",
+        "entropy": "Attention entropy",
+    }
+    lines = []
+    for name, a in analyses.items():
+        lines += [
+            f"## {titles.get(name, name)} ({' vs '.join(a.get('runs') or [])}, seed {a.get('seed', 0)})",
+            "",
+        ]
+        if "error" in a:
+            lines += [f"Unavailable: `{a['error']}`.", ""]
+            continue
+        if name == "per_position":
+            lines += [
+                "Mean loss by region of the text (A = first run, B = second):",
+                "",
+                *_table(
+                    ["region", "targets", "loss A", "loss B", "B - A"],
+                    [
+                        [
+                            r["group"],
+                            str(r["count"]),
+                            _num(r["loss_a"]),
+                            _num(r["loss_b"]),
+                            _num(r["b_minus_a"], "+.4f"),
+                        ]
+                        for r in a["by_region"]
+                    ],
+                ),
+                "Targets where B gains most over A:",
+                "",
+                *_table(
+                    ["rank", "context", "target", "loss A", "loss B"],
+                    [
+                        [
+                            str(r["rank"]),
+                            f"`{r['context']}`",
+                            f"`{r['target']}`",
+                            _num(r["loss_a"]),
+                            _num(r["loss_b"]),
+                        ]
+                        for r in a["top"]
+                    ],
+                ),
+            ]
+        elif name == "names":
+            lines += [
+                f"Speaker headers in generated samples against the {a['cast_size']} speakers of the "
+                "training text:",
+                "",
+                *_table(
+                    ["run", "headers", "canonical", "fraction canonical"],
+                    [
+                        [
+                            run,
+                            str(s["headers"]),
+                            str(s["canonical_headers"]),
+                            _num(s["fraction_canonical"], ".3f"),
+                        ]
+                        for run, s in zip(a["runs"], a["scores"], strict=True)
+                    ],
+                ),
+            ]
+        elif name == "gates":
+            lines += [
+                *_table(
+                    ["layer", "gate mean", "std over dims"],
+                    [[str(r["layer"]), _num(r["mean"]), _num(r["std"])] for r in a["layers"]],
+                ),
+                f"![gate per layer and dimension]({a['figure']})",
+                "",
+            ]
+        elif name == "entropy":
+            lines += [
+                *_table(
+                    ["source", "mean entropy (nats)"],
+                    [[r["source"], _num(r["mean"])] for r in a["rows"]],
+                ),
+                f"![attention entropy]({a['figure']})",
+                "",
+            ]
+    return lines
+
+
 # --- retrieval and overhead --------------------------------------------------------------------
 def _retrieval_sections(study: dict[str, Any]) -> list[str]:
     lines = []
@@ -273,7 +361,9 @@ def write_report(
         *_scale_lines(spec, preset),
     ]
     if spec.kind == "lm":
-        lines += _lm_sections(out, spec, results, study)
+        lines += _lm_sections(out, spec, results, study) + _analysis_sections(
+            study.get("analyses", {})
+        )
     elif spec.kind == "retrieval":
         lines += _retrieval_sections(study)
     else:

@@ -295,6 +295,85 @@ def _run_lm(
     return {"runs": runs, "wallclock": budgets}
 
 
+# --- the study's own analyses of its seed-0 runs ----------------------------------------------
+def run_analyses(
+    spec: StudySpec, preset: str, out: Path, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Per-position losses, the name test, gates and entropy, as the spec's ``params.analyses`` asks.
+
+    Each reads the runs of the first seed; an analysis that cannot run (a failed run, a module
+    missing from this build) is reported with its reason instead of stopping the study.
+    """
+    wanted = spec.params.get("analyses", {})
+    sizes = spec.scale(preset).params
+    seed = min((r["seed"] for r in runs), default=0)
+    done = {r["variant"]: r["run_dir"] for r in runs if r["seed"] == seed and r["status"] == "ok"}
+    results: dict[str, Any] = {}
+    for name, opts in wanted.items():
+        try:
+            missing = [v for v in opts["runs"] if v not in done]
+            if missing:
+                raise AttnlabError(f"no finished seed-{seed} run of {', '.join(missing)}")
+            results[name] = {
+                "runs": opts["runs"],
+                "seed": seed,
+                **_ANALYSES[name]([done[v] for v in opts["runs"]], sizes, out),
+            }
+        except Exception as e:  # an analysis is an extra; the statistics stand without it
+            results[name] = {"runs": opts.get("runs"), "error": f"{type(e).__name__}: {e}"}
+    return results
+
+
+def _per_position(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
+    from attnlab.analyze.per_position import compare, groupings, top_positions
+
+    cmp = compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
+    return {"by_region": groupings(cmp)["by_region"], "top": top_positions(cmp, 10)}
+
+
+def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
+    from attnlab.analyze.names import name_test
+
+    report = name_test(
+        runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
+    )
+    return {"cast_size": report["cast_size"], "scores": list(report["runs"].values())}
+
+
+def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
+    from attnlab.analyze.gates import plot
+    from attnlab.eval.attention_stats import gate_means, load_inputs
+
+    inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
+    means = gate_means(inputs.model, inputs.x)
+    plot(means, out / "figures" / "gates.png")
+    return {
+        "figure": "figures/gates.png",
+        "layers": [
+            {"layer": i, "mean": float(m.mean()), "std": float(m.std())}
+            for i, m in enumerate(means)
+        ],
+    }
+
+
+def _entropy(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
+    from attnlab.analyze.entropy import plot, summary_rows
+    from attnlab.eval.attention_stats import entropies, load_baseline, load_inputs
+
+    inputs = load_inputs(runs[1], None, sizes.get("analysis_sequences", 50))
+    sources = {"standard": entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
+    for m, ent in enumerate(entropies(inputs.model, inputs.x)):
+        sources[f"round{m}"] = ent
+    plot(sources, out / "figures" / "entropy.png")
+    return {
+        "figure": "figures/entropy.png",
+        "rows": [r for r in summary_rows(sources) if r["layer"] == "all"],
+    }
+
+
+_ANALYSES = {"per_position": _per_position, "names": _names, "gates": _gates, "entropy": _entropy}
+
+
 # --- retrieval and overhead studies ------------------------------------------------------------
 def _run_retrieval(spec: StudySpec, preset: str, seeds: list[int]) -> dict[str, Any]:
     """Every table cell: run_retrieval per seed, mean accuracy over seeds."""
@@ -381,6 +460,7 @@ def run_study(
     if spec.kind == "lm":
         result = _run_lm(spec, preset, out, seed_list, jobs, data)
         runs, extra["wallclock"] = result["runs"], result["wallclock"]
+        extra["analyses"] = run_analyses(spec, preset, out, runs)
     elif spec.kind == "retrieval":
         extra.update(_run_retrieval(spec, preset, seed_list))
     else:

@@ -86,8 +86,9 @@ def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> li
     return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def rebuild_optimizer(model: torch.nn.Module, make: Callable[[], torch.optim.Optimizer],
-                      state: dict[str, Any]) -> torch.optim.Optimizer:
+def rebuild_optimizer(
+    model: torch.nn.Module, make: Callable[[], torch.optim.Optimizer], state: dict[str, Any]
+) -> torch.optim.Optimizer:
     """After fully_shard swapped every parameter: a new optimizer over the sharded ones, with
     ``state`` (a plain, single-process optimizer state_dict, possibly empty) loaded into it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -95,14 +96,23 @@ def rebuild_optimizer(model: torch.nn.Module, make: Callable[[], torch.optim.Opt
     optimizer = make()
     if state["state"]:
         names = _param_names(model, optimizer)
-        by_name = {"state": {names[i]: s for i, s in state["state"].items()},
-                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
-        set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+        by_name = {
+            "state": {names[i]: s for i, s in state["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
+            ],
+        }
+        set_optimizer_state_dict(
+            model, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
+        )
     return optimizer
 
 
 def full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv, fsdp: bool,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    env: DistEnv,
+    fsdp: bool,
     make_model: Callable[[], torch.nn.Module],
 ) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
     """The model and optimizer state_dict as one process would hold them, on rank 0 (None elsewhere).
@@ -124,7 +134,14 @@ def full_state(
     ids = {n: i for i, n in enumerate(_param_names(model, optimizer))}
     groups, start = [], 0
     for group in optimizer.param_groups:
-        groups.append({**{k: v for k, v in group.items() if k != "params"},
-                       "params": list(range(start, start + len(group["params"])))})
+        groups.append(
+            {
+                **{k: v for k, v in group.items() if k != "params"},
+                "params": list(range(start, start + len(group["params"]))),
+            }
+        )
         start += len(group["params"])
-    return plain, {"state": {ids[n]: s for n, s in optim_sd["state"].items()}, "param_groups": groups}
+    return plain, {
+        "state": {ids[n]: s for n, s in optim_sd["state"].items()},
+        "param_groups": groups,
+    }
