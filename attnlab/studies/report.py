@@ -183,6 +183,12 @@ def _lm_sections(
             f"{b['baseline']} for {b['iters']} iterations.",
             "",
         ]
+    if study.get("wallclock") and study["jobs"] > 1:
+        lines += [
+            f"Runs shared the machine ({study['jobs']} at a time), so seconds per step include "
+            "contention; rerun with `--jobs 1` for clean wall-clock matching.",
+            "",
+        ]
     lines += [
         "## Comparisons",
         "",

@@ -72,11 +72,11 @@ def train_one(job: dict[str, Any], threads: int | None = None) -> dict[str, Any]
 
 
 def _new_trainer(job: dict[str, Any], run_dir: Path) -> Any:
-    from attnlab.train.spec import _flatten, resolve
+    from attnlab.train.spec import as_overrides, resolve
     from attnlab.train.trainer import Trainer
 
     spec = resolve(
-        job["preset"], None, _flatten(job["model"]) + _flatten(job["train"]), job["data"]
+        job["preset"], None, as_overrides(job["model"]) + as_overrides(job["train"]), job["data"]
     )
     train = spec.train.replace(
         seed=job["seed"], extra={**spec.train.extra, "study_variant": job["variant"]}

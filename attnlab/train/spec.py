@@ -41,7 +41,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise AttnlabError(f"config file {path} is not valid TOML ({e})") from None
 
 
-def _flatten(table: dict[str, Any]) -> list[str]:
+def as_overrides(table: dict[str, Any]) -> list[str]:
     """TOML values back to `key=value` strings so one router validates every source."""
     import json
 
@@ -60,7 +60,7 @@ def resolve(
     file_data.pop("preset", None)
     data = data or file_data.pop("data", None)
     p = get_preset(preset_name)
-    pairs = _flatten(file_data.pop("model", {})) + _flatten(file_data.pop("train", {})) + _flatten(file_data)
+    pairs = as_overrides(file_data.pop("model", {})) + as_overrides(file_data.pop("train", {})) + as_overrides(file_data)
     model_over, train_over = split_overrides(pairs + list(overrides or []))
     model = ModelConfig.from_dict({**p.model, **model_over})
     train = TrainConfig.from_dict({**p.train, **train_over})
