@@ -193,7 +193,7 @@ def test_failing_run_is_recorded_and_others_finish(tmp_path: Path, tiny_data: Pa
 
 def test_shipped_specs_resolve_at_every_preset() -> None:
     """Every variant of every shipped study builds valid configs at ci, cpu and paper."""
-    from attnlab.train.spec import _flatten, resolve
+    from attnlab.train.spec import as_overrides, resolve
 
     names = {name for name, _ in list_studies()}
     assert names == {"kv-bias", "qkve", "gba-lm", "gba-retrieval", "overhead"}
@@ -203,7 +203,7 @@ def test_shipped_specs_resolve_at_every_preset() -> None:
         for preset in spec.scales:
             for variant in spec.variants.values():
                 model, train = spec.layered(variant, preset)
-                resolve(variant.preset, None, _flatten(model) + _flatten(train), "unused-data-dir")
+                resolve(variant.preset, None, as_overrides(model) + as_overrides(train), "unused-data-dir")
 
 
 def test_spec_errors_are_one_line() -> None:
