@@ -15,9 +15,11 @@ sequence axes symbolic instead of trusting a trace. Int8 is onnxruntime's dynami
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,18 @@ def write_torchscript(model: nn.Module, path: Path) -> None:
     torch.jit.save(traced, str(path))
 
 
+@contextlib.contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """Hide a library's advisory warnings (missing torchvision ops, a quantization hint)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def write_onnx(model: nn.Module, path: Path) -> None:
     """Dynamo export with symbolic batch and seq (up to block_size); onnx.checker must pass."""
     import onnx
@@ -153,7 +167,7 @@ def write_onnx(model: nn.Module, path: Path) -> None:
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=model.config.block_size)
     weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model_state_dict(model).values())
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_logger("torch.onnx"):
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
             LogitsModel(model).eval(),
@@ -173,7 +187,8 @@ def write_onnx_int8(path_fp32: Path, path: Path) -> None:
     """onnxruntime dynamic quantization: MatMul/Gather weights to QInt8."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(path_fp32), str(path), weight_type=QuantType.QInt8)
+    with quiet_logger(""):  # onnxruntime logs its pre-processing advice on the root logger
+        quantize_dynamic(str(path_fp32), str(path), weight_type=QuantType.QInt8)
 
 
 def export_model(
