@@ -87,7 +87,9 @@ class _Serialisable:
         value = getattr(self, name)
         allowed = CHOICES[name]
         if value not in allowed:
-            raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+            raise ValueError(
+                f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+            )
 
     def _check_positive(self, *names: str, allow_zero: bool = False) -> None:
         for name in names:
@@ -155,23 +157,43 @@ class ModelConfig(_Serialisable):
 
     def __post_init__(self) -> None:
         self._check_types()
-        self._check_positive("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta")
+        self._check_positive(
+            "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta"
+        )
         self._check_positive("d_ffn", "n_kv_head", "boost_rounds", "norm_eps")
-        for name in ("norm", "norm_placement", "pos", "mlp", "ffn_sublayers", "m_inject",
-                     "value_gate_init", "boost_gate", "boost_kv_source"):
+        for name in (
+            "norm",
+            "norm_placement",
+            "pos",
+            "mlp",
+            "ffn_sublayers",
+            "m_inject",
+            "value_gate_init",
+            "boost_gate",
+            "boost_kv_source",
+        ):
             self._check_choice(name)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}")
+            raise ValueError(
+                f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}"
+            )
         if self.pos == "rope" and self.head_dim % 2:
-            raise ValueError(f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}")
+            raise ValueError(
+                f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}"
+            )
         if self.m_gate_detached and not self.use_m_gate:
             raise ValueError("m_gate_detached=True needs use_m_gate=True")
         if self.m_inject != "kv" and not self.use_m_gate:
             raise ValueError(f"m_inject={self.m_inject!r} needs use_m_gate=True")
+        if self.boost_gate == "mlp" and self.twicing and self.boost_rounds > 1:
+            raise ValueError(
+                "boost_gate='mlp' reads the entropy of softmax weights; it does not "
+                "compose with twicing=True (2A - A^2 rows can be negative)"
+            )
         if self.norm_eps is None:
             self.norm_eps = 1e-6 if self.norm == "rmsnorm" else 1e-5
         if self.d_ffn is None:
@@ -223,24 +245,46 @@ class TrainConfig(_Serialisable):
     compile: bool = False
     max_seconds: float | None = None  # stop early after this much training time
     nan_policy: str = "stop"
-    max_bad_steps: int = 10  # with nan_policy="skip": stop after this many non-finite steps in a row
+    max_bad_steps: int = (
+        10  # with nan_policy="skip": stop after this many non-finite steps in a row
+    )
     fsdp: bool = False
     tensorboard: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes (e.g. a study's variant name)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # free-form notes (e.g. a study's variant name)
 
     def __post_init__(self) -> None:
         self._check_types()
-        self._check_positive("max_iters", "batch_size", "gradient_accumulation_steps", "eval_interval",
-                             "eval_iters", "log_interval", "ckpt_interval", "lr_decay_iters", "max_seconds")
-        self._check_positive("learning_rate", "min_lr", "warmup_iters", "weight_decay", "grad_clip",
-                             "max_bad_steps", allow_zero=True)
+        self._check_positive(
+            "max_iters",
+            "batch_size",
+            "gradient_accumulation_steps",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+            "ckpt_interval",
+            "lr_decay_iters",
+            "max_seconds",
+        )
+        self._check_positive(
+            "learning_rate",
+            "min_lr",
+            "warmup_iters",
+            "weight_decay",
+            "grad_clip",
+            "max_bad_steps",
+            allow_zero=True,
+        )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
         if self.min_lr > self.learning_rate:
-            raise ValueError(f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}")
+            raise ValueError(
+                f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
+            )
 
     def lr_at(self, it: int) -> float:
         """nanoGPT's schedule: linear warmup, cosine decay to min_lr, then min_lr."""

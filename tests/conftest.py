@@ -47,8 +47,18 @@ def tiny_train(**overrides):
     """A 30-iteration CPU recipe with frequent evals and no TensorBoard."""
     from attnlab.config import TrainConfig
 
-    base = dict(max_iters=30, batch_size=8, learning_rate=3e-3, min_lr=3e-4, warmup_iters=5,
-                eval_interval=10, eval_iters=4, log_interval=5, device="cpu", tensorboard=False)
+    base = dict(
+        max_iters=30,
+        batch_size=8,
+        learning_rate=3e-3,
+        min_lr=3e-4,
+        warmup_iters=5,
+        eval_interval=10,
+        eval_iters=4,
+        log_interval=5,
+        device="cpu",
+        tensorboard=False,
+    )
     return TrainConfig(**{**base, **overrides})
 
 
@@ -58,7 +68,9 @@ def train_tiny(tiny_data: Path):
     from attnlab.train.trainer import Trainer
 
     def run(run_dir: Path, model: dict | None = None, until: int | None = None, **train):
-        trainer = Trainer(run_dir, tiny_model(**(model or {})), tiny_train(**train), tiny_data, quiet=True)
+        trainer = Trainer(
+            run_dir, tiny_model(**(model or {})), tiny_train(**train), tiny_data, quiet=True
+        )
         return trainer, trainer.run(until)
 
     return run
@@ -67,5 +79,11 @@ def train_tiny(tiny_data: Path):
 def run_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     """Run `python -m attnlab ARGS` in a subprocess with the repo on the path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **kwargs.pop("env", {})}
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kwargs,
+    )

@@ -120,6 +120,18 @@ def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         for name in MECHANISMS:
             assert rows[f"{name} @{width}"][1] == "equal"
     assert rows["kv-bias @28"][:2] == ["32", "params"]  # the parameter-matched partner of 32
+
+    # the GBA paper's pairing: boosted at 32 against a vanilla widened to its parameter count
+    def count(width: int, **overrides) -> int:
+        return count_params(
+            tiny_model(n_layer=1, n_embd=width, block_size=16, vocab_size=65, **overrides)
+        )
+
+    wide = int(rows["boosted M=2 @32 (fair)"][0])
+    assert rows["boosted M=2 @32 (fair)"][1] == "fair" and wide > 32
+    target = count(32, boost_rounds=2)
+    for other in (wide - 4, wide + 4):  # no other multiple of n_head gets closer
+        assert abs(count(wide) - target) <= abs(count(other) - target)
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 

@@ -7,19 +7,32 @@ from pathlib import Path
 
 from conftest import run_cli
 
-TINY = ["n_layer=2", "n_head=2", "n_embd=32", "block_size=32", "batch_size=8", "eval_iters=2",
-        "eval_interval=10", "log_interval=5", "warmup_iters=2", "device=cpu", "tensorboard=false"]
+TINY = [
+    "n_layer=2",
+    "n_head=2",
+    "n_embd=32",
+    "block_size=32",
+    "batch_size=8",
+    "eval_iters=2",
+    "eval_interval=10",
+    "log_interval=5",
+    "warmup_iters=2",
+    "device=cpu",
+    "tensorboard=false",
+]
 
 
 def test_train_sample_eval_round_trip(tmp_path: Path, tiny_data: Path) -> None:
     run = tmp_path / "run"
     done = run_cli("train", "--data", str(tiny_data), "--out", str(run), "max_iters=10", *TINY)
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["iters"] == 10 and summary["final_val_loss"] > 0
     assert "iter 10/10" in done.stdout  # plain log lines when not on a TTY
 
-    sample = run_cli("sample", str(run), "--prompt", "KING", "--max-new-tokens", "20", "--seed", "1")
+    sample = run_cli(
+        "sample", str(run), "--prompt", "KING", "--max-new-tokens", "20", "--seed", "1"
+    )
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("KING") and len(sample.stdout.rstrip("\n")) >= 20
     again = run_cli("sample", str(run), "--prompt", "KING", "--max-new-tokens", "20", "--seed", "1")
@@ -28,19 +41,26 @@ def test_train_sample_eval_round_trip(tmp_path: Path, tiny_data: Path) -> None:
     ev = run_cli("eval", str(run))
     assert ev.returncode == 0, ev.stderr
     result = json.loads(ev.stdout)
-    assert result["split"] == "val" and abs(result["perplexity"] - 2.718281828 ** result["loss"]) < 1e-3
+    assert (
+        result["split"] == "val"
+        and abs(result["perplexity"] - 2.718281828 ** result["loss"]) < 1e-3
+    )
 
     resumed = run_cli("train", "--resume", str(run), "max_iters=15")
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout[resumed.stdout.index("{"):])["iters"] == 15
+    assert json.loads(resumed.stdout[resumed.stdout.index("{") :])["iters"] == 15
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path, tiny_data: Path) -> None:
-    bad = run_cli("train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "n_embd=33", "n_head=4")
+    bad = run_cli(
+        "train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "n_embd=33", "n_head=4"
+    )
     assert bad.returncode != 0
     assert "n_embd=33 must be divisible by n_head=4" in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    debug = run_cli("--debug", "train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "n_embd=33")
+    debug = run_cli(
+        "--debug", "train", "--data", str(tiny_data), "--out", str(tmp_path / "r"), "n_embd=33"
+    )
     assert "Traceback" in debug.stderr
 
 
@@ -54,8 +74,19 @@ def test_presets_and_help() -> None:
 
 def test_demo_runs_short(tmp_path: Path) -> None:
     """The README's first command, shortened: prepares the embedded corpus, trains, samples."""
-    done = run_cli("demo", "--out", str(tmp_path / "demo"), "max_iters=6", "eval_interval=3", "eval_iters=2",
-                   "log_interval=3", "batch_size=8", "tensorboard=false")
+    done = run_cli(
+        "demo",
+        "--out",
+        str(tmp_path / "demo"),
+        "max_iters=6",
+        "eval_interval=3",
+        "eval_iters=2",
+        "log_interval=3",
+        "batch_size=8",
+        "tensorboard=false",
+    )
     assert done.returncode == 0, done.stderr
-    assert "val loss before training:" in done.stdout and "val loss after 6 iterations" in done.stdout
+    assert (
+        "val loss before training:" in done.stdout and "val loss after 6 iterations" in done.stdout
+    )
     assert "sample:" in done.stdout

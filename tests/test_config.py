@@ -18,7 +18,10 @@ from attnlab.presets import PRESETS
         ({"n_embd": 100, "n_head": 3}, "n_embd=100 must be divisible by n_head=3"),
         ({"n_layer": 0}, "n_layer=0 must be > 0"),
         ({"vocab_size": -5}, "vocab_size=-5 must be > 0"),
-        ({"norm": "batchnorm"}, "norm='batchnorm' is not allowed; choose one of 'layernorm', 'rmsnorm'"),
+        (
+            {"norm": "batchnorm"},
+            "norm='batchnorm' is not allowed; choose one of 'layernorm', 'rmsnorm'",
+        ),
         ({"mlp": "relu"}, "mlp='relu'"),
         ({"n_head": 12, "n_kv_head": 5}, "n_head=12 must be divisible by n_kv_head=5"),
         ({"dropout": 1.5}, "dropout=1.5 must be in [0, 1)"),
@@ -35,8 +38,18 @@ def test_bad_model_values_name_field_value_and_allowed(overrides: dict, message:
 
 
 def test_json_round_trip_keeps_every_field() -> None:
-    config = ModelConfig(n_layer=3, n_head=6, n_kv_head=2, n_embd=96, pos="rope", norm="rmsnorm",
-                         mlp="swiglu", d_ffn=128, use_m_gate=True, value_gate=True)
+    config = ModelConfig(
+        n_layer=3,
+        n_head=6,
+        n_kv_head=2,
+        n_embd=96,
+        pos="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        d_ffn=128,
+        use_m_gate=True,
+        value_gate=True,
+    )
     again = ModelConfig.from_dict(json.loads(config.to_json()))
     assert again == config
     assert again.norm_eps == 1e-6 and again.d_ffn == 128 and again.kv_dim == 32
@@ -45,7 +58,14 @@ def test_json_round_trip_keeps_every_field() -> None:
 def test_defaults_are_nanogpts() -> None:
     c = ModelConfig()
     assert (c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.dropout, c.bias) == (
-        1024, 50304, 12, 12, 768, 0.0, True)
+        1024,
+        50304,
+        12,
+        12,
+        768,
+        0.0,
+        True,
+    )
     assert c.norm_eps == 1e-5 and c.d_ffn == 4 * 768 and c.n_kv_head == 12
 
 
@@ -57,8 +77,9 @@ def test_unknown_key_gets_a_did_you_mean() -> None:
 
 
 def test_overrides_are_routed_and_parsed() -> None:
-    model, train = split_overrides(["n_layer=3", "use_m_gate=true", "learning_rate=3e-4", "device=cpu",
-                                    "lr_decay_iters=none"])
+    model, train = split_overrides(
+        ["n_layer=3", "use_m_gate=true", "learning_rate=3e-4", "device=cpu", "lr_decay_iters=none"]
+    )
     assert model == {"n_layer": 3, "use_m_gate": True}
     assert train == {"learning_rate": 3e-4, "device": "cpu", "lr_decay_iters": None}
 
@@ -89,8 +110,12 @@ def test_schedule_is_nanogpts_warmup_then_cosine() -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [({"batch_size": 0}, "batch_size=0 must be > 0"), ({"beta2": 1.0}, "beta2=1.0 must be in [0, 1)"),
-     ({"nan_policy": "ignore"}, "nan_policy='ignore'"), ({"min_lr": 1.0}, "min_lr=1.0 must not exceed")],
+    [
+        ({"batch_size": 0}, "batch_size=0 must be > 0"),
+        ({"beta2": 1.0}, "beta2=1.0 must be in [0, 1)"),
+        ({"nan_policy": "ignore"}, "nan_policy='ignore'"),
+        ({"min_lr": 1.0}, "min_lr=1.0 must not exceed"),
+    ],
 )
 def test_bad_train_values(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:

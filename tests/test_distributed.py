@@ -80,7 +80,6 @@ def test_ddp_matches_one_process_and_resumes_in_one(
     assert_same_curves(single, ddp, range(9, 13))
 
 
-@pytest.mark.slow
 def test_single_process_checkpoint_resumes_under_ddp(
     tiny_data: Path, train_tiny, tmp_path: Path
 ) -> None:
@@ -93,7 +92,6 @@ def test_single_process_checkpoint_resumes_under_ddp(
     assert_same_curves(single, both, range(13))
 
 
-@pytest.mark.slow
 def test_fsdp_matches_one_process_and_checkpoints_cross_over(
     tiny_data: Path, train_tiny, tmp_path: Path
 ) -> None:

@@ -12,7 +12,13 @@ from attnlab.model.generation import filter_logits, sample_next
 CONFIGS = {
     "vanilla": {},
     "bias": {"bias": True},
-    "gqa-rope-rms-swiglu": {"n_kv_head": 2, "pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "ffn_sublayers": 2},
+    "gqa-rope-rms-swiglu": {
+        "n_kv_head": 2,
+        "pos": "rope",
+        "norm": "rmsnorm",
+        "mlp": "swiglu",
+        "ffn_sublayers": 2,
+    },
     "post-ln": {"norm_placement": "post"},
     "kv-bias": {"use_m_gate": True},
     "value-gate": {"value_gate": True, "n_kv_head": 1},
@@ -40,8 +46,12 @@ def test_optimizer_groups_decay_matrices_only() -> None:
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
-    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.get_num_params(False)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(
+        p.dim() < 2 for p in no_decay["params"]
+    )
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.get_num_params(
+        False
+    )
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -53,10 +63,14 @@ def test_cached_decoding_equals_full_recompute(name: str) -> None:
     assert torch.equal(cached, full)
     # logits too: prefill, one step and a chunk of steps against one full forward
     cache = model.new_cache()
-    parts = [model(full[:, :9], cache=cache, all_logits=True)[0], model(full[:, 9:10], cache=cache)[0],
-             model(full[:, 10:16], cache=cache, all_logits=True)[0]]
-    torch.testing.assert_close(torch.cat(parts, dim=1), model(full[:, :16], all_logits=True)[0],
-                               rtol=1e-5, atol=1e-5)
+    parts = [
+        model(full[:, :9], cache=cache, all_logits=True)[0],
+        model(full[:, 9:10], cache=cache)[0],
+        model(full[:, 10:16], cache=cache, all_logits=True)[0],
+    ]
+    torch.testing.assert_close(
+        torch.cat(parts, dim=1), model(full[:, :16], all_logits=True)[0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_generation_past_block_size_crops_like_nanogpt() -> None:
@@ -88,13 +102,21 @@ def test_top_k_and_top_p_filters_by_hand() -> None:
     kept = torch.isfinite(filter_logits(logits, top_p=0.5))  # the first alone reaches 0.5
     assert kept.tolist() == [[True, False, False, False, False]]
     shuffled = logits[:, [3, 0, 4, 1, 2]]
-    assert torch.isfinite(filter_logits(shuffled, top_p=0.6)).tolist() == [[False, True, False, True, False]]
+    assert torch.isfinite(filter_logits(shuffled, top_p=0.6)).tolist() == [
+        [False, True, False, True, False]
+    ]
 
 
 def test_temperature_zero_is_greedy_and_sampling_is_seeded() -> None:
     logits = torch.tensor([[0.1, 3.0, 0.2]])
     assert sample_next(logits, temperature=0.0).item() == 1
-    draws = [sample_next(logits.repeat(64, 1), 1.0, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    draws = [
+        sample_next(logits.repeat(64, 1), 1.0, generator=torch.Generator().manual_seed(7))
+        for _ in range(2)
+    ]
     assert torch.equal(draws[0], draws[1])
-    assert set(sample_next(logits.repeat(256, 1), 5.0, top_k=2,
-                           generator=torch.Generator().manual_seed(0)).flatten().tolist()) == {1, 2}
+    assert set(
+        sample_next(logits.repeat(256, 1), 5.0, top_k=2, generator=torch.Generator().manual_seed(0))
+        .flatten()
+        .tolist()
+    ) == {1, 2}

@@ -203,7 +203,12 @@ def test_shipped_specs_resolve_at_every_preset() -> None:
         for preset in spec.scales:
             for variant in spec.variants.values():
                 model, train = spec.layered(variant, preset)
-                resolve(variant.preset, None, as_overrides(model) + as_overrides(train), "unused-data-dir")
+                resolve(
+                    variant.preset,
+                    None,
+                    as_overrides(model) + as_overrides(train),
+                    "unused-data-dir",
+                )
 
 
 def test_spec_errors_are_one_line() -> None:

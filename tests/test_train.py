@@ -19,7 +19,9 @@ def metrics(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(tmp_path: Path, train_tiny) -> None:
+def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(
+    tmp_path: Path, train_tiny
+) -> None:
     run = tmp_path / "run"
     trainer, summary = train_tiny(run, model={"use_m_gate": True}, tensorboard=True)
     rows = metrics(run)
@@ -29,8 +31,16 @@ def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(tmp_path: Pat
     assert vals[-1] < vals[0] - 0.3, vals  # 30 steps at lr 3e-3 from ln(vocab) ~ 4.4
     assert summary["iters"] == 30 and summary["final_val_loss"] == vals[-1]
     assert any(k.startswith("m_gate_mean/layer") for k in header)  # mechanism statistics logged
-    for name in ("config.json", "env.json", "summary.json", "latest/model.safetensors", "latest/config.json",
-                 "latest/tokenizer.json", "latest/trainer_state.pt", "best/model.safetensors"):
+    for name in (
+        "config.json",
+        "env.json",
+        "summary.json",
+        "latest/model.safetensors",
+        "latest/config.json",
+        "latest/tokenizer.json",
+        "latest/trainer_state.pt",
+        "best/model.safetensors",
+    ):
         assert (run / name).is_file(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folders left
@@ -43,8 +53,13 @@ def test_variants_see_identical_batches(tmp_path: Path, tiny_data: Path) -> None
     """The sampler has its own generator: model construction never shifts the data stream."""
     streams = []
     for overrides in ({}, {"use_m_gate": True, "n_embd": 48}):
-        trainer = Trainer(tmp_path / f"run{len(streams)}", tiny_model(**overrides),
-                          tiny_train(), tiny_data, quiet=True)
+        trainer = Trainer(
+            tmp_path / f"run{len(streams)}",
+            tiny_model(**overrides),
+            tiny_train(),
+            tiny_data,
+            quiet=True,
+        )
         streams.append([trainer.sampler.next_batch() for _ in range(3)] + trainer.val_batches)
     for (xa, ya), (xb, yb) in zip(*streams, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -81,5 +96,7 @@ def test_sampler_rank_slices_cover_the_global_batch(tiny_data: Path) -> None:
 
     tokens = load_dataset(tiny_data).train
     whole = BatchSampler(tokens, 16, 8, seed=3).next_batch()[0]
-    halves = [BatchSampler(tokens, 16, 8, seed=3, rank=r, world_size=2).next_batch()[0] for r in (0, 1)]
+    halves = [
+        BatchSampler(tokens, 16, 8, seed=3, rank=r, world_size=2).next_batch()[0] for r in (0, 1)
+    ]
     assert torch.equal(torch.cat(halves), whole)

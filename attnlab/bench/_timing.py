@@ -47,6 +47,11 @@ class Timing:
         return q[0], q[2]
 
 
+def relative(a: Timing, b: Timing) -> Timing:
+    """a's per-repetition ratios to b (both from the same interleaved run)."""
+    return Timing(a.name, a.seconds, [x / y for x, y in zip(a.seconds, b.seconds, strict=True)])
+
+
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """Wait for queued kernels before reading the clock (a no-op on CPU)."""
     import torch

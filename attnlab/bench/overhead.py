@@ -1,9 +1,11 @@
 """`attnlab bench overhead`: step-time cost of each mechanism against vanilla, across widths.
 
 The kv-bias seed's Figure 2: forward + backward + AdamW step on random data, 6 layers, batch 8,
-block 256, n_embd 128..768. Each mechanism is timed at the vanilla width (equal width) and at
+block 256, n_embd 128..768. Each mechanism is timed at the vanilla width (equal width), at
 the narrower width whose parameter count is closest to vanilla's (parameter-matched, e.g.
-K/V-bias at 112 against vanilla at 128). All models of one width run interleaved.
+K/V-bias at 112 against vanilla at 128, the kv-bias seed's pairing), and against a vanilla widened
+to the mechanism's parameter count ("fair", the gradient-boosted-attention paper's pairing).
+All models of one width run interleaved.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
 class Row:
     width: int  # the vanilla width this row is compared with
     variant: str
-    match: str  # "equal" width or parameter-matched ("params")
+    match: str  # "equal" width, parameter-matched ("params"), or vs a widened vanilla ("fair")
     n_embd: int  # the width actually run
     params: int
     ms: float  # median step time
@@ -71,6 +73,19 @@ def matched_width(base, overrides: dict[str, Any], target: int) -> int:
     return step * min(candidates, key=lambda k: (abs(count(k) - target), -k))
 
 
+def fair_width(base, target: int) -> int:
+    """The vanilla width, at or above base's, whose parameter count is closest to target.
+
+    The gradient-boosted-attention paper's "parameter-fair" baseline widens vanilla to the
+    mechanism's parameter count (d 288 against boosted d 256) instead of narrowing the mechanism.
+    """
+    step = base.n_head
+    widths = [base.n_embd]
+    while count_params(with_width(base, widths[-1])) < target:
+        widths.append(widths[-1] + step)
+    return min(widths[-2:], key=lambda w: abs(count_params(with_width(base, w)) - target))
+
+
 def available(name: str, base) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
     return name not in ADDS_PARAMS or count_params(
@@ -93,7 +108,7 @@ def measure(
     """Time every mechanism at every width; returns (rows, names of unavailable mechanisms)."""
     import torch
 
-    from attnlab.bench._timing import interleaved, synchronizer, train_step
+    from attnlab.bench._timing import interleaved, relative, synchronizer, train_step
     from attnlab.config import ModelConfig
 
     names = mechanisms or list(MECHANISMS)
@@ -120,6 +135,8 @@ def measure(
             w = matched_width(base, MECHANISMS[name], base_params)
             if w != width:
                 configs[(name, "params")] = with_width(base, w, **MECHANISMS[name])
+                wide = fair_width(base, count_params(configs[(name, "equal")]))
+                configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
         steps = {key: train_step(cfg, batch, device)[0] for key, cfg in configs.items()}
         print(f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", file=sys.stderr)
         timings = interleaved(
@@ -131,9 +148,14 @@ def measure(
         )
         for (variant, match), cfg in configs.items():
             t = timings[f"{variant}|{match}"]
+            versus = width
+            if match.startswith("fair:"):  # the mechanism at this width vs the widened vanilla
+                mech = match.removeprefix("fair:")
+                t = relative(timings[f"{mech}|equal"], t)
+                variant, match, versus, cfg = mech, "fair", cfg.n_embd, configs[(mech, "equal")]
             rows.append(
                 Row(
-                    width,
+                    versus,
                     variant,
                     match,
                     cfg.n_embd,
@@ -154,7 +176,7 @@ def table(rows: list[Row]) -> str:
 
     body = [
         [
-            f"{r.variant} @{r.n_embd}",
+            f"{r.variant} @{r.n_embd}" + (" (fair)" if r.match == "fair" else ""),
             str(r.width),
             r.match,
             f"{r.params:,}",

@@ -5,15 +5,28 @@ from __future__ import annotations
 import argparse
 
 # shakespeare-char (the kv-bias seed's vanilla model) on a schedule that fits a 2-core laptop
-DEMO_OVERRIDES = dict(max_iters=800, lr_decay_iters=800, warmup_iters=50, eval_interval=200,
-                      eval_iters=20, log_interval=20, max_seconds=270.0)
+DEMO_OVERRIDES = dict(
+    max_iters=800,
+    lr_decay_iters=800,
+    warmup_iters=50,
+    eval_interval=200,
+    eval_iters=20,
+    log_interval=20,
+    max_seconds=270.0,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="prepare the embedded corpus, train a small model, sample")
-    p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo; replaced if it exists)")
+    p = subparsers.add_parser(
+        "demo", help="prepare the embedded corpus, train a small model, sample"
+    )
+    p.add_argument(
+        "--out", default="runs/demo", help="run folder (default runs/demo; replaced if it exists)"
+    )
     p.add_argument("--preset", default="shakespeare-char")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="change the demo's model or training")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="change the demo's model or training"
+    )
     p.set_defaults(func=run)
 
 
@@ -33,22 +46,30 @@ def run(args: argparse.Namespace) -> int:
     overrides = [f"{k}={v}" for k, v in DEMO_OVERRIDES.items()] + list(args.overrides)
     spec = resolve(args.preset, overrides=overrides)
     started = time.perf_counter()
-    trainer = Trainer(out, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data)
+    trainer = Trainer(
+        out, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
+    )
     params = trainer.model.get_num_params()
     data = trainer.data.meta
-    print(f"data: {data['train_tokens']:,} train / {data['val_tokens']:,} val tokens, "
-          f"vocab {data['vocab_size']} ({trainer.data.dir})")
+    print(
+        f"data: {data['train_tokens']:,} train / {data['val_tokens']:,} val tokens, "
+        f"vocab {data['vocab_size']} ({trainer.data.dir})"
+    )
     print(f"model: {args.preset}, {params / 1e6:.2f}M parameters, on {trainer.device}")
     before = trainer.evaluate()
     print(f"val loss before training: {before:.4f}")
     summary = trainer.run()
     trainer.close()
-    print(f"val loss after {summary['iters']} iterations: {summary['final_val_loss']:.4f} "
-          f"(best {summary['best_val_loss']:.4f}) in {time.perf_counter() - started:.0f} s, "
-          f"{summary['tokens_per_s']:.0f} tokens/s")
+    print(
+        f"val loss after {summary['iters']} iterations: {summary['final_val_loss']:.4f} "
+        f"(best {summary['best_val_loss']:.4f}) in {time.perf_counter() - started:.0f} s, "
+        f"{summary['tokens_per_s']:.0f} tokens/s"
+    )
     gen = torch.Generator(device=trainer.device).manual_seed(1337)
     prompt = torch.tensor([trainer.data.tokenizer.encode("\n")], device=trainer.device)
     sample = trainer.model.generate(prompt, 400, temperature=0.8, top_k=50, generator=gen)
-    print("sample:\n" + "-" * 60 + trainer.data.tokenizer.decode(sample[0].tolist()) + "\n" + "-" * 60)
+    print(
+        "sample:\n" + "-" * 60 + trainer.data.tokenizer.decode(sample[0].tolist()) + "\n" + "-" * 60
+    )
     print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")
     return 0

@@ -17,8 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-cache", action="store_true", help="recompute the full context every step")
-    p.add_argument("--backend", choices=("torch", "onnxruntime"), default="torch",
-                   help="onnxruntime: run an exported folder's model.onnx on the CPU (no KV cache)")
+    p.add_argument(
+        "--backend",
+        choices=("torch", "onnxruntime"),
+        default="torch",
+        help="onnxruntime: run an exported folder's model.onnx on the CPU (no KV cache)",
+    )
     p.set_defaults(func=run)
 
 
@@ -45,8 +49,15 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     for i in range(args.num_samples):
-        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, use_cache=not args.no_cache, generator=gen)
+        out = model.generate(
+            idx,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            use_cache=not args.no_cache,
+            generator=gen,
+        )
         if i:
             print("-" * 40)
         print(tokenizer.decode(out[0].tolist()))

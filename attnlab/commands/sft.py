@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 
 class _IntermixedParser(argparse.ArgumentParser):
@@ -54,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.commands.train import run_to_end
     from attnlab.errors import AttnlabError
     from attnlab.train import sft
 
@@ -67,10 +67,4 @@ def run(args: argparse.Namespace) -> int:
         if len(sources) != 1 or not args.out:
             raise AttnlabError("give one pretrained RUN and --out RUN2 (or --resume RUN2)")
         trainer = sft.start(sources[0], args.out, args.data, args.chat, overrides)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.close()
-    if trainer.dist.is_main:
-        print(json.dumps(summary, indent=2))
-    return 0
+    return run_to_end(trainer)

@@ -9,7 +9,9 @@ import torch
 
 
 @torch.no_grad()
-def split_loss(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 16) -> dict[str, float]:
+def split_loss(
+    model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 16
+) -> dict[str, float]:
     """Mean cross-entropy and perplexity of ``model`` on ``tokens`` in block_size windows."""
     from attnlab.data.bins import sequential_windows
 
@@ -20,7 +22,8 @@ def split_loss(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 16)
     for x, y in sequential_windows(tokens, model.config.block_size, batch_size, device):
         logits, _ = model(x, y)
         losses = torch.nn.functional.cross_entropy(
-            logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1, reduction="sum")
+            logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1, reduction="sum"
+        )
         total += float(losses)
         count += int((y != -1).sum())
     model.train(was_training)

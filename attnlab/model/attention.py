@@ -92,7 +92,11 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, need_weights: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(q k^T / sqrt(d)) v, causal, for queries that are the LAST Tq of the Tk positions.
 
@@ -107,7 +111,9 @@ def attention(
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return F.dropout(weights, dropout_p) @ v, weights
     if tq == tk:  # full sequence: nanoGPT's exact call
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True), None
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True
+        ), None
     if tq == 1:  # one new token sees every cached position
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
     mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
@@ -127,7 +133,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.hooks = attach(self, config, "attn")
         self.core_hook = self.hooks["core"][0] if self.hooks["core"] else None
-        self.need_round0_weights = any(getattr(p, "needs_weights", False) for p in self.hooks["rounds"])
+        self.need_round0_weights = any(
+            getattr(p, "needs_weights", False) for p in self.hooks["rounds"]
+        )
 
     def split_qkv(self, x: torch.Tensor, proj: nn.Linear) -> tuple[torch.Tensor, ...]:
         """Apply a fused QKV projection and split it into q [B,T,E], k and v [B,T,kv_dim]."""
@@ -138,12 +146,21 @@ class CausalSelfAttention(nn.Module):
         return x.view(b, t, n, self.head_dim).transpose(1, 2)
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context, slot: str,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: Context,
+        slot: str,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One attention round: heads, RoPE, cache, softmax(QK^T)V; returns [B, T, E] and weights."""
         b, t, _ = q.shape
-        q, k, v = self.heads(q, self.n_head), self.heads(k, self.n_kv_head), self.heads(v, self.n_kv_head)
+        q, k, v = (
+            self.heads(q, self.n_head),
+            self.heads(k, self.n_kv_head),
+            self.heads(v, self.n_kv_head),
+        )
         if ctx.rotary is not None:
             q, k = ctx.rotary(q, ctx.start), ctx.rotary(k, ctx.start)
         cache = ctx.layer_cache

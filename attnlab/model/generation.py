@@ -14,7 +14,9 @@ import torch
 from attnlab.model.attention import KVCache
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Mask all but the top-k logits and the smallest set whose probability reaches top_p."""
     if top_k is not None and top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[..., -1:]
@@ -89,7 +91,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd bookkeeping at all: cheaper per decoding step
             out = [idx]
             for nxt in stream(model, idx, max_new_tokens, **kwargs):
                 out.append(nxt)

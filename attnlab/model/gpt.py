@@ -79,7 +79,9 @@ class GPT(nn.Module):
             # nanoGPT ties this way round; its init then draws wte's values a second time via lm_head
             self.transformer.wte.weight = self.lm_head.weight
         self.rotary = (
-            Rotary(config.head_dim, config.block_size, config.rope_theta) if config.pos == "rope" else None
+            Rotary(config.head_dim, config.block_size, config.rope_theta)
+            if config.pos == "rope"
+            else None
         )
         self.apply(self._init_weights)
         # GPT-2's scaled init of the projections that write into the residual stream
@@ -124,7 +126,9 @@ class GPT(nn.Module):
         _, t = idx.size()
         start = cache.length if cache is not None else 0
         if start + t > self.config.block_size:
-            raise ValueError(f"cannot forward {start + t} positions, block_size is {self.config.block_size}")
+            raise ValueError(
+                f"cannot forward {start + t} positions, block_size is {self.config.block_size}"
+            )
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:
             pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
@@ -139,7 +143,9 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1
+            )
             return logits, loss
         # inference: only the last position's logits unless asked (a list index keeps the time dim)
         return self.lm_head(x if all_logits else x[:, [-1], :]), None
@@ -148,7 +154,11 @@ class GPT(nn.Module):
         return KVCache(self.config.n_layer, self.config.block_size)
 
     def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+        self,
+        weight_decay: float,
+        learning_rate: float,
+        betas: tuple[float, float],
+        device_type: str,
     ) -> torch.optim.AdamW:
         """AdamW with nanoGPT's groups: matrices and embeddings decay, biases and norms don't."""
         params = [p for p in self.parameters() if p.requires_grad]
@@ -157,7 +167,9 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+        return torch.optim.AdamW(
+            groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {})
+        )
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N for the matmuls plus 12 L H T Dh for attention (PaLM app. B).

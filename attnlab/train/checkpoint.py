@@ -98,8 +98,9 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).splitlines() or [type(e).__name__]
         reason = e.strerror if isinstance(e, OSError) and e.strerror else lines[0]
-        raise AttnlabError(f"could not write checkpoint {folder} ({reason}); "
-                           "the previous checkpoint is intact") from e
+        raise AttnlabError(
+            f"could not write checkpoint {folder} ({reason}); the previous checkpoint is intact"
+        ) from e
     shutil.rmtree(aside, ignore_errors=True)
     return folder
 
@@ -136,7 +137,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
 
 
-_TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+_TORCH_LOAD_BOILERPLATE = (
+    "Weights only load failed",
+    "Please file an issue",
+    "Check the documentation",
+)
 
 
 def safe_torch_load(path: str | Path) -> Any:
@@ -167,12 +172,17 @@ def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], sou
     sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in sd.items()}
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
-    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-              if k in sd and sd[k].shape != v.shape]
+    shapes = [
+        f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in sd and sd[k].shape != v.shape
+    ]
     if missing or unexpected or shapes:
-        parts = [f"missing keys: {', '.join(missing)}" if missing else "",
-                 f"unexpected keys: {', '.join(unexpected)}" if unexpected else "",
-                 f"shape mismatches: {'; '.join(shapes)}" if shapes else ""]
+        parts = [
+            f"missing keys: {', '.join(missing)}" if missing else "",
+            f"unexpected keys: {', '.join(unexpected)}" if unexpected else "",
+            f"shape mismatches: {'; '.join(shapes)}" if shapes else "",
+        ]
         raise AttnlabError(f"{source} does not fit the model: " + "; ".join(p for p in parts if p))
     model.load_state_dict(sd, strict=False)
 
@@ -195,7 +205,9 @@ def model_folder(path: str | Path) -> Path:
             return found
     if (path / CONFIG).is_file() and (path / BIN_WEIGHTS).is_file():
         return path
-    raise AttnlabError(f"{path} holds no checkpoint (expected {CONFIG} and {WEIGHTS}, or best/ or latest/)")
+    raise AttnlabError(
+        f"{path} holds no checkpoint (expected {CONFIG} and {WEIGHTS}, or best/ or latest/)"
+    )
 
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):

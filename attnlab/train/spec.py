@@ -60,7 +60,11 @@ def resolve(
     file_data.pop("preset", None)
     data = data or file_data.pop("data", None)
     p = get_preset(preset_name)
-    pairs = as_overrides(file_data.pop("model", {})) + as_overrides(file_data.pop("train", {})) + as_overrides(file_data)
+    pairs = (
+        as_overrides(file_data.pop("model", {}))
+        + as_overrides(file_data.pop("train", {}))
+        + as_overrides(file_data)
+    )
     model_over, train_over = split_overrides(pairs + list(overrides or []))
     model = ModelConfig.from_dict({**p.model, **model_over})
     train = TrainConfig.from_dict({**p.train, **train_over})
@@ -78,5 +82,7 @@ def default_data_for(data_spec: dict[str, Any]) -> Path | None:
     folder = default_data_dir(data_spec["tokenizer"], data_spec.get("vocab_size"))
     if not (folder / "meta.json").is_file():
         print(f"attnlab: preparing the embedded corpus ({data_spec}) in {folder}", file=sys.stderr)
-        prepare(tokenizer=data_spec["tokenizer"], vocab_size=data_spec.get("vocab_size"), out=folder)
+        prepare(
+            tokenizer=data_spec["tokenizer"], vocab_size=data_spec.get("vocab_size"), out=folder
+        )
     return folder

@@ -27,11 +27,20 @@ from attnlab.errors import AttnlabError
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 
-METRIC_COLUMNS = ["iter", "train_loss", "val_loss", "lr", "tokens_per_s", "step_ms", "elapsed_s", "grad_norm"]
+METRIC_COLUMNS = [
+    "iter",
+    "train_loss",
+    "val_loss",
+    "lr",
+    "tokens_per_s",
+    "step_ms",
+    "elapsed_s",
+    "grad_norm",
+]
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" picks cuda, then mps, then cpu."""
+    """ "auto" picks cuda, then mps, then cpu."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -67,14 +76,28 @@ def environment(device: torch.device) -> dict[str, Any]:
     import attnlab
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(attnlab.__file__).parent).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=Path(attnlab.__file__).parent,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
-        "attnlab": attnlab.__version__, "python": platform.python_version(), "torch": torch.__version__,
-        "numpy": numpy.__version__, "platform": platform.platform(), "device": str(device),
-        "threads": torch.get_num_threads(), "git_commit": commit, "command": sys.argv,
+        "attnlab": attnlab.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "git_commit": commit,
+        "command": sys.argv,
     }
 
 
@@ -84,7 +107,9 @@ class MetricsLog:
     def __init__(self, run_dir: Path, tensorboard: bool) -> None:
         self.path = run_dir / "metrics.csv"
         self.columns: list[str] | None = None
-        self.pending: list[dict[str, Any]] = []  # rows before the first training row fixes the columns
+        self.pending: list[
+            dict[str, Any]
+        ] = []  # rows before the first training row fixes the columns
         if self.path.is_file():
             with self.path.open() as f:
                 self.columns = next(csv.reader(f), None)
@@ -186,7 +211,9 @@ class Trainer:
         if vocab_from_data and saved is None:
             model_config = model_config.replace(vocab_size=data_vocab)
         if model_config.vocab_size < data_vocab:
-            raise AttnlabError(f"vocab_size={model_config.vocab_size} is smaller than the data's {data_vocab}")
+            raise AttnlabError(
+                f"vocab_size={model_config.vocab_size} is smaller than the data's {data_vocab}"
+            )
         self.model_config, self.cfg = model_config, train_config
         self.device = resolve_device(train_config.device)
         self.dist = distributed.setup(self.device.type)
@@ -197,10 +224,14 @@ class Trainer:
         self.model = GPT(model_config).to(self.device)
         if init_weights is not None and saved is None:
             ckpt.load_weights_strict(self.model, init_weights, "init_weights")
+
         def make_optimizer() -> torch.optim.Optimizer:
             return self.model.configure_optimizers(
-                train_config.weight_decay, train_config.learning_rate,
-                (train_config.beta1, train_config.beta2), self.device.type)
+                train_config.weight_decay,
+                train_config.learning_rate,
+                (train_config.beta1, train_config.beta2),
+                self.device.type,
+            )
 
         self.optimizer = make_optimizer()
         block = model_config.block_size
@@ -210,29 +241,50 @@ class Trainer:
             for split in ("train", "val"):  # name the file: the sampler only knows a token count
                 n = len(getattr(self.data, split))
                 if n < block + 1:
-                    raise AttnlabError(f"{self.data.dir / f'{split}.bin'}: {n} tokens, too few for "
-                                       f"block_size={block} (need at least {block + 1})")
-            self.sampler = BatchSampler(self.data.train, block, train_config.batch_size, train_config.seed,
-                                        self.dist.rank, self.dist.world_size, self.device)
-            self.val_batches = fixed_batches(self.data.val, block, train_config.batch_size,
-                                             train_config.eval_iters, train_config.eval_seed, self.device)
+                    raise AttnlabError(
+                        f"{self.data.dir / f'{split}.bin'}: {n} tokens, too few for "
+                        f"block_size={block} (need at least {block + 1})"
+                    )
+            self.sampler = BatchSampler(
+                self.data.train,
+                block,
+                train_config.batch_size,
+                train_config.seed,
+                self.dist.rank,
+                self.dist.world_size,
+                self.device,
+            )
+            self.val_batches = fixed_batches(
+                self.data.val,
+                block,
+                train_config.batch_size,
+                train_config.eval_iters,
+                train_config.eval_seed,
+                self.device,
+            )
         self.state = TrainState()
         self.amp_dtype = autocast_dtype(train_config.dtype, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=self.amp_dtype == torch.float16
+        )
         if saved is not None:
             self._load_latest()
         elif self.dist.is_main:
             self._start_run_dir(data_dir)
         self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
         if train_config.fsdp and self.dist.enabled:  # fully_shard swapped in sharded parameters
-            self.optimizer = distributed.rebuild_optimizer(self.model, make_optimizer, self.optimizer.state_dict())
+            self.optimizer = distributed.rebuild_optimizer(
+                self.model, make_optimizer, self.optimizer.state_dict()
+            )
         self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
 
     # --- run folder -------------------------------------------------------------------------
     def _read_run_config(self) -> dict[str, Any]:
         path = self.run_dir / "config.json"
         if not path.is_file():
-            raise AttnlabError(f"cannot resume {self.run_dir}: no config.json (is it a run folder?)")
+            raise AttnlabError(
+                f"cannot resume {self.run_dir}: no config.json (is it a run folder?)"
+            )
         import json
 
         try:
@@ -240,16 +292,24 @@ class Trainer:
         except json.JSONDecodeError as e:
             raise AttnlabError(f"{path} is not valid JSON ({e})") from None
         if not isinstance(saved, dict) or not {"model", "train", "data"} <= saved.keys():
-            raise AttnlabError(f"cannot resume {self.run_dir}: its config.json is not a run's "
-                               "(a model folder? resume the run folder above it)")
+            raise AttnlabError(
+                f"cannot resume {self.run_dir}: its config.json is not a run's "
+                "(a model folder? resume the run folder above it)"
+            )
         return saved
 
     def _start_run_dir(self, data_dir: str | Path | None) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
             raise AttnlabError(f"{self.run_dir} already holds a run; use --resume or another --out")
-        ckpt.write_json(self.run_dir / "config.json", {
-            "model": self.model_config.to_dict(), "train": self.cfg.to_dict(), "data": str(self.data.dir)})
+        ckpt.write_json(
+            self.run_dir / "config.json",
+            {
+                "model": self.model_config.to_dict(),
+                "train": self.cfg.to_dict(),
+                "data": str(self.data.dir),
+            },
+        )
         ckpt.write_json(self.run_dir / "env.json", environment(self.device))
         (self.run_dir / "metrics.csv").unlink(missing_ok=True)
 
@@ -266,24 +326,35 @@ class Trainer:
             torch.cuda.set_rng_state(saved["cuda_rng"])
         self.state = TrainState(**saved["state"])
         if self.dist.is_main:
-            ckpt.write_json(self.run_dir / "config.json", {
-                "model": self.model_config.to_dict(), "train": self.cfg.to_dict(), "data": str(self.data.dir)})
+            ckpt.write_json(
+                self.run_dir / "config.json",
+                {
+                    "model": self.model_config.to_dict(),
+                    "train": self.cfg.to_dict(),
+                    "data": str(self.data.dir),
+                },
+            )
 
     def save(self, name: str) -> None:
         from attnlab.model import GPT
 
         # a collective under FSDP (every rank gathers its shards), then rank 0 alone writes
-        model, optimizer_state = distributed.full_state(self.model, self.optimizer, self.dist, self.cfg.fsdp,
-                                                        lambda: GPT(self.model_config))
+        model, optimizer_state = distributed.full_state(
+            self.model, self.optimizer, self.dist, self.cfg.fsdp, lambda: GPT(self.model_config)
+        )
         if model is None:
             return
         trainer_state = {
-            "optimizer": optimizer_state, "sampler": self.sampler.state_dict(),
-            "torch_rng": torch.get_rng_state(), "state": self.state.__dict__,
+            "optimizer": optimizer_state,
+            "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "state": self.state.__dict__,
         }
         if self.device.type == "cuda":
             trainer_state["cuda_rng"] = torch.cuda.get_rng_state()
-        ckpt.save_checkpoint(self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state)
+        ckpt.save_checkpoint(
+            self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state
+        )
 
     # --- evaluation -------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -308,8 +379,14 @@ class Trainer:
         from tqdm import tqdm
 
         interactive = sys.stderr.isatty() and self.dist.is_main and not self.quiet
-        return tqdm(total=self.cfg.max_iters, initial=self.state.iter, disable=not interactive,
-                    unit="it", dynamic_ncols=True, desc=self.run_dir.name)
+        return tqdm(
+            total=self.cfg.max_iters,
+            initial=self.state.iter,
+            disable=not interactive,
+            unit="it",
+            dynamic_ncols=True,
+            desc=self.run_dir.name,
+        )
 
     def _step(self, want_stats: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """One optimizer step over all micro-batches; returns (loss, grad norm, mechanism stats)."""
@@ -330,7 +407,8 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         else:
             norm = torch.linalg.vector_norm(
-                torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None]))
+                torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
+            )
         # the global batch's loss (ranks hold equal shares), so every rank logs and skips alike
         return distributed.all_reduce_mean(loss_sum, self.dist), norm, stats
 
@@ -338,7 +416,11 @@ class Trainer:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
         cfg, st = self.cfg, self.state
         stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
-        log = MetricsLog(self.run_dir, cfg.tensorboard and self.dist.is_main) if self.dist.is_main else None
+        log = (
+            MetricsLog(self.run_dir, cfg.tensorboard and self.dist.is_main)
+            if self.dist.is_main
+            else None
+        )
         if log is not None:
             log.truncate_after(st.iter)
         if st.iter == 0 and not st.history:  # every rank evaluates: it is a collective under DDP
@@ -347,7 +429,9 @@ class Trainer:
             if log is not None:
                 log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
         bar = self._progress()
-        tokens_per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.model_config.block_size
+        tokens_per_step = (
+            cfg.batch_size * cfg.gradient_accumulation_steps * self.model_config.block_size
+        )
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         ckpt_every = cfg.ckpt_interval or cfg.eval_interval
         try:
@@ -372,13 +456,21 @@ class Trainer:
                 row: dict[str, Any] | None = None
                 if st.iter % cfg.log_interval == 0 or is_last:
                     elapsed = time.perf_counter() - window_t0
-                    row = {"iter": st.iter, "train_loss": window_loss / max(1, window_steps), "lr": lr,
-                           "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9),
-                           "step_ms": 1000 * elapsed / max(1, window_steps),
-                           "elapsed_s": st.train_seconds, "grad_norm": float(norm),
-                           **{k: float(v) for k, v in stats.items()}}
-                    bar.set_postfix(loss=f"{row['train_loss']:.4f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{row['tokens_per_s']:.0f}")
+                    row = {
+                        "iter": st.iter,
+                        "train_loss": window_loss / max(1, window_steps),
+                        "lr": lr,
+                        "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9),
+                        "step_ms": 1000 * elapsed / max(1, window_steps),
+                        "elapsed_s": st.train_seconds,
+                        "grad_norm": float(norm),
+                        **{k: float(v) for k, v in stats.items()},
+                    }
+                    bar.set_postfix(
+                        loss=f"{row['train_loss']:.4f}",
+                        lr=f"{lr:.2e}",
+                        tok_s=f"{row['tokens_per_s']:.0f}",
+                    )
                     window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters:
                     row = row or {"iter": st.iter, "lr": lr}
@@ -414,9 +506,13 @@ class Trainer:
         st.skipped_steps += 1
         what = f"non-finite loss or gradient at iter {st.iter} (loss {float(loss):.4g}, grad norm {float(norm):.4g})"
         if self.cfg.nan_policy == "stop":
-            raise AttnlabError(f"{what}; stopped, the last good checkpoint is {self.run_dir / 'latest'}")
+            raise AttnlabError(
+                f"{what}; stopped, the last good checkpoint is {self.run_dir / 'latest'}"
+            )
         if st.bad_steps >= self.cfg.max_bad_steps:
-            raise AttnlabError(f"{what}; {st.bad_steps} bad steps in a row (max_bad_steps), stopped")
+            raise AttnlabError(
+                f"{what}; {st.bad_steps} bad steps in a row (max_bad_steps), stopped"
+            )
         # the sampler has moved on, so the next attempt sees a fresh batch
         return False
 
@@ -424,12 +520,20 @@ class Trainer:
         st = self.state
         evals = [h["val_loss"] for h in st.history]
         summary = {
-            "iters": st.iter, "final_val_loss": evals[-1] if evals else None,
+            "iters": st.iter,
+            "final_val_loss": evals[-1] if evals else None,
             "best_val_loss": st.best_val if math.isfinite(st.best_val) else None,
             "train_seconds": st.train_seconds,
             "sec_per_step": st.train_seconds / st.iter if st.iter else None,
-            "tokens_per_s": (st.iter * self.cfg.batch_size * self.cfg.gradient_accumulation_steps
-                             * self.model_config.block_size / st.train_seconds) if st.train_seconds else None,
+            "tokens_per_s": (
+                st.iter
+                * self.cfg.batch_size
+                * self.cfg.gradient_accumulation_steps
+                * self.model_config.block_size
+                / st.train_seconds
+            )
+            if st.train_seconds
+            else None,
             "peak_memory_mb": peak_memory_mb(self.device),
             "params": self.model.get_num_params(non_embedding=False),
             "skipped_steps": st.skipped_steps,
@@ -444,7 +548,12 @@ class Trainer:
 
 def _log_line(row: dict[str, Any], max_iters: int) -> str:
     parts = [f"iter {row['iter']}/{max_iters}"]
-    for key, fmt in (("train_loss", ".4f"), ("val_loss", ".4f"), ("lr", ".2e"), ("tokens_per_s", ".0f")):
+    for key, fmt in (
+        ("train_loss", ".4f"),
+        ("val_loss", ".4f"),
+        ("lr", ".2e"),
+        ("tokens_per_s", ".0f"),
+    ):
         if row.get(key) is not None:
             parts.append(f"{key} {row[key]:{fmt}}")
     return " | ".join(parts)

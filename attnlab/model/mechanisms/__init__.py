@@ -61,7 +61,9 @@ def attach(owner: nn.Module, config, where: str) -> dict[str, list[nn.Module]]:
         setattr(owner, part.name, module)
         for hook in part.hooks:
             if hook not in HOOKS:
-                raise ValueError(f"part {part.name!r} names unknown hook {hook!r}; hooks are {HOOKS}")
+                raise ValueError(
+                    f"part {part.name!r} names unknown hook {hook!r}; hooks are {HOOKS}"
+                )
             hooks[hook].append(module)
     if len(hooks["core"]) > 1:
         raise ValueError("only one mechanism may replace the attention core")

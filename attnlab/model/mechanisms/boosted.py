@@ -83,8 +83,4 @@ class BoostedRounds(nn.ModuleList):
 def parts(config: ModelConfig) -> list[Part]:
     if config.boost_rounds == 1:
         return []
-    if config.boost_gate == "mlp" and config.twicing:
-        raise ValueError(
-            "boost_gate='mlp' needs softmax round-0 weights; it does not compose with twicing=True"
-        )
     return [Part("attn", "boost", ("rounds",), lambda: BoostedRounds(config))]
