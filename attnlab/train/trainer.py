@@ -452,7 +452,8 @@ class Trainer:
                 window_loss += float(loss)
                 window_steps += 1
                 bar.update(1)
-                is_last = st.iter == stop_at
+                out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
+                is_last = st.iter == stop_at or out_of_time
                 row: dict[str, Any] | None = None
                 if st.iter % cfg.log_interval == 0 or is_last:
                     elapsed = time.perf_counter() - window_t0
@@ -472,7 +473,8 @@ class Trainer:
                         tok_s=f"{row['tokens_per_s']:.0f}",
                     )
                     window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
-                if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters:
+                # a run stopped by max_seconds ends with an eval too: its summary stays current
+                if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters or out_of_time:
                     row = row or {"iter": st.iter, "lr": lr}
                     row["val_loss"] = self.evaluate()
                     st.history.append({"iter": st.iter, "val_loss": row["val_loss"]})
@@ -483,8 +485,7 @@ class Trainer:
                     log.write(row)
                     if bar.disable and not self.quiet:
                         print(_log_line(row, cfg.max_iters), flush=True)
-                out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
-                if st.iter % ckpt_every == 0 or is_last or out_of_time:
+                if st.iter % ckpt_every == 0 or is_last:
                     self.save("latest")
                 if out_of_time:
                     break
