@@ -201,6 +201,23 @@ class ModelConfig(_Serialisable):
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
 
+    def replace(self, **overrides: Any) -> ModelConfig:
+        """A validated copy; fields left at their derived defaults are derived again.
+
+        ``replace(n_embd=112)`` on a config whose d_ffn was 4 * n_embd gives d_ffn 448, not the
+        old 512; likewise n_kv_head follows n_head and norm_eps follows norm.
+        """
+        data = self.to_dict()
+        derived = {
+            "d_ffn": 4 * self.n_embd,
+            "n_kv_head": self.n_head,
+            "norm_eps": 1e-6 if self.norm == "rmsnorm" else 1e-5,
+        }
+        for name, default in derived.items():
+            if name not in overrides and data[name] == default:
+                data[name] = None
+        return ModelConfig.from_dict({**data, **overrides})
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head

@@ -121,3 +121,12 @@ def test_bad_train_values(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
         TrainConfig(**overrides)
     assert message in str(info.value)
+
+
+def test_replace_derives_dependent_fields_again() -> None:
+    base = ModelConfig(n_embd=128, n_head=4)
+    narrow = base.replace(n_embd=112, n_head=2)
+    assert (narrow.d_ffn, narrow.n_kv_head) == (448, 2)
+    assert base.replace(norm="rmsnorm").norm_eps == 1e-6
+    explicit = ModelConfig(n_embd=128, n_head=4, d_ffn=300, n_kv_head=2)
+    assert explicit.replace(n_embd=64).d_ffn == 300 and explicit.replace(n_layer=2).n_kv_head == 2
