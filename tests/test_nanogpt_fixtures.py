@@ -23,7 +23,7 @@ ATOL = 5e-7
 def load_fixture(name: str) -> tuple[dict, dict[str, torch.Tensor]]:
     with safe_open(str(FIXTURES / f"{name}.safetensors"), "pt") as f:
         meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     return meta, tensors
 
 

@@ -51,6 +51,8 @@ def valid_model_configs(draw) -> dict:
 @FAST
 @given(valid_model_configs())
 def test_model_config_round_trips_through_json(kwargs):
+    # the one refused pairing: the mlp boosting gate reads softmax entropy, twicing has none
+    assume(not (kwargs["twicing"] and kwargs["boost_gate"] == "mlp" and kwargs["boost_rounds"] > 1))
     config = ModelConfig(**kwargs)
     again = ModelConfig.from_dict(json.loads(config.to_json()))
     assert again == config
