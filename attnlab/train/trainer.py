@@ -193,7 +193,6 @@ class Trainer:
     ) -> None:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
-        from attnlab.data.bins import BatchSampler, fixed_batches
         from attnlab.data.prepare import load_dataset
         from attnlab.model import GPT
 
@@ -234,34 +233,7 @@ class Trainer:
             )
 
         self.optimizer = make_optimizer()
-        block = model_config.block_size
-        if batches is not None:
-            self.sampler, self.val_batches = batches(self)
-        else:
-            for split in ("train", "val"):  # name the file: the sampler only knows a token count
-                n = len(getattr(self.data, split))
-                if n < block + 1:
-                    raise AttnlabError(
-                        f"{self.data.dir / f'{split}.bin'}: {n} tokens, too few for "
-                        f"block_size={block} (need at least {block + 1})"
-                    )
-            self.sampler = BatchSampler(
-                self.data.train,
-                block,
-                train_config.batch_size,
-                train_config.seed,
-                self.dist.rank,
-                self.dist.world_size,
-                self.device,
-            )
-            self.val_batches = fixed_batches(
-                self.data.val,
-                block,
-                train_config.batch_size,
-                train_config.eval_iters,
-                train_config.eval_seed,
-                self.device,
-            )
+        self.sampler, self.val_batches = (batches or Trainer.token_batches)(self)
         self.state = TrainState()
         self.amp_dtype = autocast_dtype(train_config.dtype, self.device)
         self.scaler = torch.amp.GradScaler(
@@ -270,13 +242,39 @@ class Trainer:
         if saved is not None:
             self._load_latest()
         elif self.dist.is_main:
-            self._start_run_dir(data_dir)
+            self._start_run_dir()
         self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
         if train_config.fsdp and self.dist.enabled:  # fully_shard swapped in sharded parameters
             self.optimizer = distributed.rebuild_optimizer(
                 self.model, make_optimizer, self.optimizer.state_dict()
             )
         self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
+
+    def token_batches(self) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Random training windows of the token stream and the fixed validation batches."""
+        from attnlab.data.bins import BatchSampler, fixed_batches
+
+        block, cfg = self.model_config.block_size, self.cfg
+        for split in ("train", "val"):  # name the file: the sampler only knows a token count
+            n = len(getattr(self.data, split))
+            if n < block + 1:
+                raise AttnlabError(
+                    f"{self.data.dir / f'{split}.bin'}: {n} tokens, too few for "
+                    f"block_size={block} (need at least {block + 1})"
+                )
+        sampler = BatchSampler(
+            self.data.train,
+            block,
+            cfg.batch_size,
+            cfg.seed,
+            self.dist.rank,
+            self.dist.world_size,
+            self.device,
+        )
+        val = fixed_batches(
+            self.data.val, block, cfg.batch_size, cfg.eval_iters, cfg.eval_seed, self.device
+        )
+        return sampler, val
 
     # --- run folder -------------------------------------------------------------------------
     def _read_run_config(self) -> dict[str, Any]:
@@ -298,10 +296,7 @@ class Trainer:
             )
         return saved
 
-    def _start_run_dir(self, data_dir: str | Path | None) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
-            raise AttnlabError(f"{self.run_dir} already holds a run; use --resume or another --out")
+    def _write_run_config(self) -> None:
         ckpt.write_json(
             self.run_dir / "config.json",
             {
@@ -310,6 +305,12 @@ class Trainer:
                 "data": str(self.data.dir),
             },
         )
+
+    def _start_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
+            raise AttnlabError(f"{self.run_dir} already holds a run; use --resume or another --out")
+        self._write_run_config()
         ckpt.write_json(self.run_dir / "env.json", environment(self.device))
         (self.run_dir / "metrics.csv").unlink(missing_ok=True)
 
@@ -325,15 +326,8 @@ class Trainer:
         if self.device.type == "cuda" and "cuda_rng" in saved:
             torch.cuda.set_rng_state(saved["cuda_rng"])
         self.state = TrainState(**saved["state"])
-        if self.dist.is_main:
-            ckpt.write_json(
-                self.run_dir / "config.json",
-                {
-                    "model": self.model_config.to_dict(),
-                    "train": self.cfg.to_dict(),
-                    "data": str(self.data.dir),
-                },
-            )
+        if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
+            self._write_run_config()
 
     def save(self, name: str) -> None:
         from attnlab.model import GPT
