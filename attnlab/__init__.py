@@ -1,10 +1,29 @@
-"""attnlab: transformer attention with a fourth signal, trained, compared and shipped."""
+"""attnlab: transformer attention with a fourth signal, trained, compared and shipped.
 
-from attnlab.config import ModelConfig, TrainConfig
+``GPT``, ``ModelConfig``, ``TrainConfig`` and ``from_pretrained`` are imported on first use, so
+that ``attnlab --help`` and other light commands start without loading torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from attnlab.errors import AttnlabError
-from attnlab.model import GPT
+
+if TYPE_CHECKING:
+    from attnlab.config import ModelConfig, TrainConfig
+    from attnlab.model import GPT
 
 __version__ = "0.1.0"
+_LAZY = {"GPT": "attnlab.model", "ModelConfig": "attnlab.config", "TrainConfig": "attnlab.config"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 
 def from_pretrained(path, device="cpu"):

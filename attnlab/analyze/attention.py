@@ -10,9 +10,10 @@ import argparse
 
 import numpy as np
 
+from attnlab.analyze import add_common_args, out_dir
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab.eval.attention_stats import add_common_args
 
     p = subparsers.add_parser(
         "attention", help="attention weights of chosen tokens per round (Figure 6)"
@@ -82,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.eval.attention_stats import (
         load_baseline,
         load_inputs,
-        out_dir,
         token_losses,
         token_weights,
         write_csv,

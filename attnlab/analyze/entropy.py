@@ -6,9 +6,10 @@ import argparse
 
 import numpy as np
 
+from attnlab.analyze import add_common_args, out_dir
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab.eval.attention_stats import add_common_args
 
     p = subparsers.add_parser("entropy", help="attention entropy per round and layer (Figure 5)")
     add_common_args(p)
@@ -59,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
         entropies,
         load_baseline,
         load_inputs,
-        out_dir,
         write_csv,
     )
 

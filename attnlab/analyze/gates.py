@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.analyze import add_common_args, out_dir
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab.eval.attention_stats import add_common_args
 
     p = subparsers.add_parser("gates", help="boosting gate per layer and dimension (Figure 3)")
     add_common_args(p)
@@ -36,7 +37,7 @@ def plot(means, path):
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.eval.attention_stats import gate_means, load_inputs, out_dir, write_csv
+    from attnlab.eval.attention_stats import gate_means, load_inputs, write_csv
 
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     means = gate_means(inputs.model, inputs.x)

@@ -12,12 +12,13 @@ import argparse
 
 import numpy as np
 
+from attnlab.analyze import add_common_args, out_dir
+
 # below this a distance is solver round-off: the output lies in the hull
 INSIDE_TOL = 1e-6
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab.eval.attention_stats import add_common_args
 
     p = subparsers.add_parser(
         "hull", help="distance of boosted outputs to the round-0 value hull (Figure 4)"
@@ -68,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
         evenly_spaced,
         hull_table,
         load_inputs,
-        out_dir,
         write_csv,
     )
 
