@@ -45,6 +45,7 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
 
 
+@torch.inference_mode()  # no autograd bookkeeping at all: cheaper per decoding step
 def stream(
     model: torch.nn.Module,
     idx: torch.Tensor,
@@ -91,12 +92,11 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():  # no autograd bookkeeping at all: cheaper per decoding step
-            out = [idx]
-            for nxt in stream(model, idx, max_new_tokens, **kwargs):
-                out.append(nxt)
-                if on_token is not None:
-                    on_token(nxt)
+        out = [idx]
+        for nxt in stream(model, idx, max_new_tokens, **kwargs):
+            out.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
         return torch.cat(out, dim=1)
     finally:
         model.train(was_training)
