@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 from attnlab.bench import _timing
 from attnlab.bench.generate import quarter_ratio
-from attnlab.bench.overhead import MECHANISMS, count_params, matched_width
+from attnlab.bench.overhead import MECHANISMS, count_params, matched_width, modern_backbone
 from attnlab.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -127,6 +127,12 @@ def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             tiny_model(n_layer=1, n_embd=width, block_size=16, vocab_size=65, **overrides)
         )
 
+    # the value gate on its own backbone (GQA, RoPE, RMSNorm, deep SwiGLU) against that backbone
+    modern = modern_backbone(tiny_model(n_layer=1, n_embd=32, block_size=16, vocab_size=65))
+    assert rows["value gate @32 (modern)"][1] == "modern"
+    assert rows["value gate @32 (modern)"][2].replace(",", "") == str(
+        count_params(modern.replace(value_gate=True))
+    )
     wide = int(rows["boosted M=2 @32 (fair)"][0])
     assert rows["boosted M=2 @32 (fair)"][1] == "fair" and wide > 32
     target = count(32, boost_rounds=2)

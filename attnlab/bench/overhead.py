@@ -32,7 +32,8 @@ QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
 class Row:
     width: int  # the vanilla width this row is compared with
     variant: str
-    match: str  # "equal" width, parameter-matched ("params"), or vs a widened vanilla ("fair")
+    match: str  # "equal" width, parameter-matched ("params"), vs a widened vanilla ("fair"),
+    # or the value gate on the QKVE-style backbone against that backbone ("modern")
     n_embd: int  # the width actually run
     params: int
     ms: float  # median step time
@@ -86,6 +87,19 @@ def fair_width(base, target: int) -> int:
     return min(widths[-2:], key=lambda w: abs(count_params(with_width(base, w)) - target))
 
 
+def modern_backbone(base):
+    """The QKVE seed's backbone at base's size: GQA (2 query heads per kv head), RoPE, RMSNorm,
+    two SwiGLU sub-layers with d_ffn 4/3 n_embd (the seed's 512 at 384)."""
+    return base.replace(
+        n_kv_head=base.n_head // 2,
+        pos="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        d_ffn=round(4 * base.n_embd / 3),
+        ffn_sublayers=2,
+    )
+
+
 def available(name: str, base) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
     return name not in ADDS_PARAMS or count_params(
@@ -137,6 +151,10 @@ def measure(
                 configs[(name, "params")] = with_width(base, w, **MECHANISMS[name])
                 wide = fair_width(base, count_params(configs[(name, "equal")]))
                 configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
+        if ("value gate", "equal") in configs and n_head % 2 == 0:  # also on its own (QKVE-style) backbone
+            modern = modern_backbone(base)
+            configs[("modern", "equal")] = modern
+            configs[("value gate", "modern")] = modern.replace(value_gate=True)
         steps = {key: train_step(cfg, batch, device)[0] for key, cfg in configs.items()}
         print(f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", file=sys.stderr)
         timings = interleaved(
@@ -149,6 +167,10 @@ def measure(
         for (variant, match), cfg in configs.items():
             t = timings[f"{variant}|{match}"]
             versus = width
+            if variant == "modern":  # the modern backbone only serves as the value gate's baseline
+                continue
+            if match == "modern":  # the value gate against the same modern backbone without it
+                t = relative(t, timings["modern|equal"])
             if match.startswith("fair:"):  # the mechanism at this width vs the widened vanilla
                 mech = match.removeprefix("fair:")
                 t = relative(timings[f"{mech}|equal"], t)
@@ -176,7 +198,7 @@ def table(rows: list[Row]) -> str:
 
     body = [
         [
-            f"{r.variant} @{r.n_embd}" + (" (fair)" if r.match == "fair" else ""),
+            f"{r.variant} @{r.n_embd}" + (f" ({r.match})" if r.match in ("fair", "modern") else ""),
             str(r.width),
             r.match,
             f"{r.params:,}",
