@@ -47,13 +47,17 @@ def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(folder: Path) -> None:
     for path in [*folder.iterdir(), folder]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(path)
 
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
@@ -94,6 +98,7 @@ def save_checkpoint(
             os.replace(folder, aside)
         _kill_hook("swap", save_number)
         os.replace(tmp, folder)
+        _fsync(folder.parent)  # make the renames themselves durable (power loss, not just a kill)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         lines = str(e).splitlines() or [type(e).__name__]
