@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 QUICK = dict(n_layer=1, n_embd=16, n_head=4, tokens=12, reps=1)
 
@@ -154,6 +155,7 @@ def plot(rows: list[GenRow], out: str, title: str) -> None:
     ax.set(xlabel="generated position", ylabel="ms per token", yscale="log", title=title)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
@@ -170,7 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="a tiny model and 12 tokens (a smoke test)")
-    p.add_argument("--out", default="bench_generate.png", help="PNG to write")
+    p.add_argument("--out", default="runs/bench/generate.png", help="PNG to write")
     p.set_defaults(func=run)
 
 

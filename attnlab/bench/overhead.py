@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # name -> ModelConfig overrides; shared with `bench generate`
@@ -151,7 +152,8 @@ def measure(
                 configs[(name, "params")] = with_width(base, w, **MECHANISMS[name])
                 wide = fair_width(base, count_params(configs[(name, "equal")]))
                 configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
-        if ("value gate", "equal") in configs and n_head % 2 == 0:  # also on its own (QKVE-style) backbone
+        # the value gate also on its own (QKVE-style) backbone
+        if ("value gate", "equal") in configs and n_head % 2 == 0:
             modern = modern_backbone(base)
             configs[("modern", "equal")] = modern
             configs[("value gate", "modern")] = modern.replace(value_gate=True)
@@ -259,6 +261,7 @@ def plot(rows: list[Row], out: str, title: str) -> None:
     ax_o.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
@@ -280,7 +283,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick", action="store_true", help="tiny models, two repetitions (a smoke test)"
     )
-    p.add_argument("--out", default="bench_overhead.png", help="PNG to write")
+    p.add_argument("--out", default="runs/bench/overhead.png", help="PNG to write")
     p.set_defaults(func=run)
 
 
