@@ -182,9 +182,33 @@ class GPT(nn.Module):
         attn = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * t * rounds
         return 6 * self.get_num_params(non_embedding=True) + attn
 
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
-        """Sample continuations; see attnlab.model.generation.generate for the options."""
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The prompt ``idx`` [B, T] followed by up to max_new_tokens sampled tokens.
+
+        temperature 0 is greedy; top_k / top_p filter before sampling; rows that produce
+        ``eos_token_id`` stop (and are padded with it until every row has); the KV cache gives
+        the same tokens as recomputing the whole context (see attnlab.model.generation).
+        """
         from attnlab.model.generation import generate
 
-        return generate(self, idx, max_new_tokens, **kwargs)
+        return generate(
+            self,
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            use_cache=use_cache,
+            generator=generator,
+        )
