@@ -55,7 +55,7 @@ def chosen_tokens(args: argparse.Namespace, inputs, baseline, losses) -> list[tu
 
 def plot(panels: list[dict], path):
     """One panel per token: grouped bars over its last context positions, one colour per source."""
-    from attnlab.eval.attention_stats import pyplot, save_figure
+    from attnlab.plotting import pyplot, save_figure
 
     plt = pyplot()
     colours = {"standard": "tab:blue", "round0": "tab:gray", "round1": "tab:red"}

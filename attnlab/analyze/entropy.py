@@ -37,7 +37,7 @@ def summary_rows(sources: dict[str, np.ndarray]) -> list[dict]:
 
 def plot(sources: dict[str, np.ndarray], path):
     """Left: histogram over all layers, heads and positions; right: mean per layer."""
-    from attnlab.eval.attention_stats import pyplot, save_figure
+    from attnlab.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))

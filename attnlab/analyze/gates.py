@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def plot(means, path):
     """One panel per layer: gate per dimension for each extra round, dashed at g = 0.5."""
-    from attnlab.eval.attention_stats import pyplot, save_figure
+    from attnlab.plotting import pyplot, save_figure
 
     plt = pyplot()
     n_layer, n_rounds, dim = means.shape

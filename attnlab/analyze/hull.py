@@ -43,7 +43,7 @@ def layer_means(rows: list[dict]) -> dict[int, float]:
 
 def plot(rows: list[dict], path):
     """Per layer: every distance (jittered) with a box and the annotated mean."""
-    from attnlab.eval.attention_stats import pyplot, save_figure
+    from attnlab.plotting import pyplot, save_figure
 
     plt = pyplot()
     means = layer_means(rows)

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 QUICK = dict(n_layer=1, n_embd=16, n_head=4, tokens=12, reps=1)
 
@@ -142,10 +141,9 @@ def table(rows: list[GenRow]) -> str:
 
 
 def plot(rows: list[GenRow], out: str, title: str) -> None:
-    import matplotlib
+    from attnlab.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, r in enumerate(rows):
@@ -154,10 +152,7 @@ def plot(rows: list[GenRow], out: str, title: str) -> None:
         ax.plot(pos, r.latency_full_ms, ":", color=f"C{i}", label=f"{r.variant} (recompute)")
     ax.set(xlabel="generated position", ylabel="ms per token", yscale="log", title=title)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # name -> ModelConfig overrides; shared with `bench generate`
@@ -219,10 +218,9 @@ def table(rows: list[Row]) -> str:
 
 def plot(rows: list[Row], out: str, title: str) -> None:
     """Left: step time against width; right: overhead % against width (solid equal, dashed matched)."""
-    import matplotlib
+    from attnlab.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax_t, ax_o) = plt.subplots(1, 2, figsize=(11, 4.2))
     variants = list(dict.fromkeys(r.variant for r in rows))
@@ -260,10 +258,7 @@ def plot(rows: list[Row], out: str, title: str) -> None:
     ax_t.legend(fontsize=7)
     ax_o.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, out)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

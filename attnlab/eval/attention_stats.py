@@ -214,23 +214,3 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
-
-
-def save_figure(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -133,10 +133,9 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     curves = _curves(runs)
     if not curves:
         return False
-    import matplotlib
+    from attnlab.plotting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (name, (iters, losses)) in enumerate(curves.items()):
@@ -157,10 +156,7 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     ax.set(xlabel="iteration", ylabel="val loss (mean over seeds)", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
