@@ -157,3 +157,12 @@ def test_bench_generate_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     for name in ["vanilla", *MECHANISMS]:
         assert rows[name][-1] == "yes", f"{name}: cached greedy decoding differs from recompute"
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+def test_bench_generate_compiled_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = bench(capsys, "generate", "--quick", "--compile", "--out", str(tmp_path / "g.png"))
+    assert ", compiled" in out
+    rows = table_rows(out)
+    for name in ["vanilla", *MECHANISMS]:
+        assert rows[name][-1] == "yes", f"{name}: compiled cached decoding differs from recompute"

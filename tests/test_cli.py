@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import run_cli
 
 TINY = [
@@ -90,3 +91,13 @@ def test_demo_runs_short(tmp_path: Path) -> None:
         "val loss before training:" in done.stdout and "val loss after 6 iterations" in done.stdout
     )
     assert "sample:" in done.stdout
+
+
+@pytest.mark.slow
+def test_sample_compiled_matches_eager(tmp_path: Path, train_tiny) -> None:
+    train_tiny(tmp_path / "run", max_iters=10)
+    greedy = ["--prompt", "KING", "--max-new-tokens", "40", "--temperature", "0", "--device", "cpu"]
+    eager = run_cli("sample", str(tmp_path / "run"), *greedy)
+    compiled = run_cli("sample", str(tmp_path / "run"), *greedy, "--compile")
+    assert compiled.returncode == 0, compiled.stderr
+    assert compiled.stdout == eager.stdout and len(eager.stdout) > 40

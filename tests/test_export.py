@@ -217,6 +217,24 @@ def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], ca
     assert texts["onnxruntime"].startswith("To be") and len(texts["onnxruntime"]) > 40
     # greedy decoding: the windowed ONNX recompute past block 32 and the torch path agree token for token
     assert texts["onnxruntime"] == texts["torch"]
+    int8 = ["sample", str(out), "--backend", "onnxruntime", "--int8", "--prompt", "To be", *greedy]
+    assert cli_main(int8) == 0
+    assert capsys.readouterr().out.startswith("To be")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--backend", "onnxruntime", "--compile"], "--compile: not available with --backend"),
+        (["--backend", "onnxruntime", "--device", "cuda"], "--device cuda: not available"),
+        (["--int8"], "add --backend onnxruntime"),
+    ],
+)
+def test_sample_refuses_flags_its_backend_ignores(
+    exported: tuple[GPT, Path], capsys, flags: list[str], message: str
+) -> None:
+    assert cli_main(["sample", str(exported[1]), *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:

@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_model
 
 from attnlab import GPT
-from attnlab.model.generation import filter_logits, sample_next
+from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next
+from attnlab.model.mechanisms import HOOKS
 
 CONFIGS = {
     "vanilla": {},
@@ -71,6 +72,28 @@ def test_cached_decoding_equals_full_recompute(name: str) -> None:
     torch.testing.assert_close(
         torch.cat(parts, dim=1), model(full[:, :16], all_logits=True)[0], rtol=1e-5, atol=1e-5
     )
+
+
+def test_hook_tables_are_fixed_dicts() -> None:
+    """Reading a hook list must not add keys: torch.compile guards on the table's length."""
+    model = build(**CONFIGS["all"])
+    for owner in [*model.transformer.h, *(b.attn for b in model.transformer.h)]:
+        assert type(owner.hooks) is dict and tuple(owner.hooks) == HOOKS
+    model(torch.zeros(1, 4, dtype=torch.long))
+    assert all(tuple(b.hooks) == HOOKS for b in model.transformer.h)
+
+
+@pytest.mark.slow
+def test_compiled_decoding_matches_eager_without_recompiling() -> None:
+    from torch._dynamo.utils import counters
+
+    eager, compiled = build(**CONFIGS["all"]), compile_for_decoding(build(**CONFIGS["all"]))
+    graphs = counters["stats"]["unique_graphs"]
+    prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(3))
+    for use_cache in (True, False):
+        out = compiled.generate(prompt, 40, temperature=0.0, use_cache=use_cache)  # past block 32
+        assert torch.equal(out, eager.generate(prompt, 40, temperature=0.0, use_cache=use_cache))
+    assert counters["stats"]["unique_graphs"] == graphs, "decoding recompiled after the warm-up"
 
 
 def test_generation_past_block_size_crops_like_nanogpt() -> None:

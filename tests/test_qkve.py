@@ -102,7 +102,9 @@ def test_gqa_shapes_and_cache_holds_kv_heads() -> None:
     assert cache.length == 5
     for layer in cache.layers:
         for slot in ("r0.k", "r0.v"):
-            assert layer._buffers[slot].shape == (3, cfg.n_kv_head, cfg.block_size, cfg.head_dim)
+            # block_size positions plus the spare slot LayerCache keeps for torch.compile
+            shape = (3, cfg.n_kv_head, cfg.block_size + 1, cfg.head_dim)
+            assert layer._buffers[slot].shape == shape
     with pytest.raises(ValueError, match="n_kv_head"):
         tiny_model(n_kv_head=3)
 

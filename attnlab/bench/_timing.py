@@ -103,11 +103,16 @@ def interleaved(
 
 
 def train_step(
-    config: ModelConfig, batch_size: int, device: torch.device | str = "cpu", seed: int = 0
+    config: ModelConfig,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    compile: bool = False,
 ) -> tuple[Callable[[], None], torch.nn.Module]:
     """A closure doing one forward + backward + AdamW step of ``GPT(config)`` on a fixed random batch.
 
-    Returns (step, model). The loss is never read back, so no step forces a host sync.
+    Returns (step, model). The loss is never read back, so no step forces a host sync. With
+    ``compile`` the forward runs under ``torch.compile`` (compiled on the first step, i.e. warm-up).
     """
     import torch
 
@@ -120,13 +125,27 @@ def train_step(
     x = torch.randint(config.vocab_size, (batch_size, config.block_size), generator=gen).to(device)
     y = torch.randint(config.vocab_size, (batch_size, config.block_size), generator=gen).to(device)
 
+    forward = torch.compile(model) if compile else model
+
     def step() -> None:
-        _, loss = model(x, y)
+        _, loss = forward(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     return step, model
+
+
+def allow_compiled_models(n: int) -> None:
+    """Let ``n`` compiled models share a process without hitting torch's recompile limit.
+
+    Dynamo keeps compiled graphs per code object (``GPT.forward``) for every model instance, and
+    past its limit (8) a call silently falls back to eager, which would time half a benchmark eager.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), 2 * n))
 
 
 def matmul_peak_flops(n: int = 2048, reps: int = 5, device: torch.device | str = "cpu") -> float:

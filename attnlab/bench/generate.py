@@ -67,13 +67,18 @@ def measure(
     warmup: int = 1,
     device: str = "cpu",
     mechanisms: list[str] | None = None,
+    compile: bool = False,
 ) -> tuple[list[GenRow], list[str]]:
-    """Time cached and uncached decoding for vanilla and each available mechanism."""
+    """Time cached and uncached decoding for vanilla and each available mechanism.
+
+    With ``compile`` both modes run the same ``torch.compile``d model (compiled before timing).
+    """
     import torch
 
     from attnlab.bench._timing import interleaved
     from attnlab.bench.overhead import MECHANISMS, available
     from attnlab.model import GPT
+    from attnlab.model.generation import compile_for_decoding
 
     base = base.replace(block_size=max(base.block_size, tokens + 1), dropout=0.0)
     names = mechanisms or list(MECHANISMS)
@@ -84,6 +89,11 @@ def measure(
         print(f"bench generate: {name}", file=sys.stderr)
         torch.manual_seed(0)
         model = GPT(base.replace(**overrides)).to(device).eval()
+        if compile:
+            # compiled graphs are kept per code object (GPT.forward) across models, and past
+            # torch's recompile limit (8) a forward silently runs eagerly: start each model afresh
+            torch.compiler.reset()
+            model = compile_for_decoding(model)
         runs: dict[str, list[tuple[list[float], list[int]]]] = {"cache": [], "full": []}
         timings = interleaved(
             {mode: _recorder(model, tokens, mode, runs[mode]) for mode in runs},
@@ -166,6 +176,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile each model first (both modes)"
+    )
     p.add_argument("--quick", action="store_true", help="a tiny model and 12 tokens (a smoke test)")
     p.add_argument("--out", default="runs/bench/generate.png", help="PNG to write")
     p.set_defaults(func=run)
@@ -183,10 +196,10 @@ def run(args: argparse.Namespace) -> int:
         tokens, reps = QUICK["tokens"], QUICK["reps"]
     if tokens < 4:
         raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")
-    rows, missing = measure(cfg, tokens, reps, args.warmup, args.device)
+    rows, missing = measure(cfg, tokens, reps, args.warmup, args.device, compile=args.compile)
     print(
         f"preset {args.preset}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {tokens} tokens, greedy, "
-        f"batch 1, {reps} reps, {args.device}"
+        f"batch 1, {reps} reps, {args.device}{', compiled' if args.compile else ''}"
     )
     print(table(rows))
     for name in missing:

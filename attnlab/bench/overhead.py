@@ -118,11 +118,18 @@ def measure(
     vocab: int = 65,
     device: str = "cpu",
     mechanisms: list[str] | None = None,
+    compile: bool = False,
 ) -> tuple[list[Row], list[str]]:
     """Time every mechanism at every width; returns (rows, names of unavailable mechanisms)."""
     import torch
 
-    from attnlab.bench._timing import interleaved, relative, synchronizer, train_step
+    from attnlab.bench._timing import (
+        allow_compiled_models,
+        interleaved,
+        relative,
+        synchronizer,
+        train_step,
+    )
     from attnlab.config import ModelConfig
 
     names = mechanisms or list(MECHANISMS)
@@ -156,7 +163,11 @@ def measure(
             modern = modern_backbone(base)
             configs[("modern", "equal")] = modern
             configs[("value gate", "modern")] = modern.replace(value_gate=True)
-        steps = {key: train_step(cfg, batch, device)[0] for key, cfg in configs.items()}
+        if compile:
+            allow_compiled_models(len(configs))
+        steps = {
+            key: train_step(cfg, batch, device, compile=compile)[0] for key, cfg in configs.items()
+        }
         print(f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", file=sys.stderr)
         timings = interleaved(
             {f"{v}|{m}": fn for (v, m), fn in steps.items()},
@@ -276,6 +287,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument(
+        "--compile", action="store_true", help="torch.compile every model (during warm-up)"
+    )
+    p.add_argument(
         "--quick", action="store_true", help="tiny models, two repetitions (a smoke test)"
     )
     p.add_argument("--out", default="runs/bench/overhead.png", help="PNG to write")
@@ -301,13 +315,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.quick:
         opts.update(QUICK)
-    rows, missing = measure(**opts, warmup=args.warmup, device=args.device)
+    rows, missing = measure(**opts, warmup=args.warmup, device=args.device, compile=args.compile)
     print(table(rows))
     for name in missing:
         print(f"{name}: not available (the mechanism adds no parameters in this build)")
     title = (
         f"{opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
-        f"{opts['reps']} interleaved reps, {args.device}"
+        f"{opts['reps']} interleaved reps, {args.device}{', compiled' if args.compile else ''}"
     )
     plot(rows, args.out, title)
     print(f"wrote {args.out}")

@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--system", help="system message put at the start of every prompt")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile first: slower start, faster replies"
+    )
     p.set_defaults(func=run)
 
 
@@ -34,11 +37,13 @@ def run(args: argparse.Namespace) -> int:
     from attnlab import from_pretrained
     from attnlab.data.chat import IM_END, IM_START, fit_history
     from attnlab.errors import AttnlabError
-    from attnlab.model.generation import stream
+    from attnlab.model.generation import compile_for_decoding, stream
     from attnlab.train.trainer import resolve_device
 
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)
+    if args.compile:
+        model = compile_for_decoding(model)
     stops = {tok.token_to_id(IM_END), tok.token_to_id(IM_START)} if tok is not None else {None}
     if None in stops:
         raise AttnlabError(

@@ -18,11 +18,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--no-cache", action="store_true", help="recompute the full context every step")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model first: ~15 s up front, then about 2x faster decoding",
+    )
+    p.add_argument(
         "--backend",
         choices=("torch", "onnxruntime"),
         default="torch",
         help="onnxruntime: run an exported folder's model.onnx on the CPU (no KV cache)",
     )
+    p.add_argument("--int8", action="store_true", help="with onnxruntime: the int8 model-int8.onnx")
     p.set_defaults(func=run)
 
 
@@ -36,11 +42,31 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "onnxruntime":
         from attnlab.export import load_onnx
 
+        unsupported = [
+            flag
+            for flag, used in (
+                ("--compile", args.compile),
+                (f"--device {args.device}", args.device not in ("auto", "cpu")),
+            )
+            if used
+        ]
+        if unsupported:
+            raise AttnlabError(
+                f"{', '.join(unsupported)}: not available with --backend onnxruntime"
+            )
         device = torch.device("cpu")
-        model, tokenizer = load_onnx(args.model)
+        model, tokenizer = load_onnx(args.model, int8=args.int8)
     else:
+        if args.int8:
+            raise AttnlabError(
+                "--int8 runs the exported model-int8.onnx: add --backend onnxruntime"
+            )
         device = resolve_device(args.device)
         model, tokenizer = from_pretrained(args.model, device=device)
+        if args.compile:
+            from attnlab.model.generation import compile_for_decoding
+
+            model = compile_for_decoding(model)
     if tokenizer is None:
         raise AttnlabError(f"{args.model} has no tokenizer.json; cannot encode a prompt")
     ids = tokenizer.encode(args.prompt)

@@ -37,15 +37,17 @@ class LayerCache:
         """Append x [B, H, T, D] along T to slot ``name``; return everything cached so far."""
         buf = self._buffers.get(name)
         if buf is None or buf.shape[:2] != x.shape[:2] or buf.dtype != x.dtype:
-            buf = x.new_empty(x.size(0), x.size(1), self.max_len, x.size(3))
+            # one spare slot: the filled part never spans the whole buffer, so torch.compile
+            # has no "cache exactly full" case to specialise (and recompile) for
+            buf = x.new_empty(x.size(0), x.size(1), self.max_len + 1, x.size(3))
             self._buffers[name], self._lengths[name] = buf, 0
         start = self._lengths[name]
         end = start + x.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions > block_size {self.max_len}")
-        buf[:, :, start:end] = x
+        buf.narrow(2, start, x.size(2)).copy_(x)  # narrow: cheaper per step than __setitem__
         self._lengths[name] = end
-        return buf[:, :, :end]
+        return buf.narrow(2, 0, end)
 
 
 class KVCache:

@@ -67,4 +67,6 @@ def attach(owner: nn.Module, config, where: str) -> dict[str, list[nn.Module]]:
             hooks[hook].append(module)
     if len(hooks["core"]) > 1:
         raise ValueError("only one mechanism may replace the attention core")
-    return hooks
+    # a plain dict with every hook: a defaultdict would grow on first read, and torch.compile
+    # guards on its length, so the first forward after compiling would recompile
+    return {hook: hooks[hook] for hook in HOOKS}
