@@ -129,12 +129,6 @@ def write_metadata(folder: Path, config: Any, tokenizer: Any | None) -> None:
 # --- one writer per format ------------------------------------------------------------------
 
 
-def write_safetensors(model: nn.Module, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file(ckpt.model_state_dict(model), str(path), metadata={"format": "pt"})
-
-
 def write_bin(model: nn.Module, path: Path) -> None:
     torch.save(ckpt.model_state_dict(model), path)
 
@@ -204,7 +198,7 @@ def export_model(
     model = model.to("cpu").eval()
     write_metadata(out, model.config, tokenizer)
     writers: dict[str, Callable[[], None]] = {
-        "safetensors": lambda: write_safetensors(model, out / FILES["safetensors"]),
+        "safetensors": lambda: ckpt.write_weights(model, out / FILES["safetensors"]),
         "bin": lambda: write_bin(model, out / FILES["bin"]),
         "torchscript": lambda: write_torchscript(model, out / FILES["torchscript"]),
         "onnx": lambda: write_onnx(model, out / FILES["onnx"]),

@@ -131,6 +131,27 @@ def test_damaged_safetensors_gets_one_line_naming_the_file(model_dir: Path, dama
     assert one_line_error(model_dir).startswith(f"{path} is truncated or corrupted (")
 
 
+def test_flipped_weight_byte_is_caught_by_the_digest(model_dir: Path):
+    path = model_dir / ckpt.WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # one bit of the last tensor's data: still a well-formed file
+    path.write_bytes(bytes(data))
+    assert one_line_error(model_dir) == (
+        f"{path} is corrupted: its weights do not match their sha256"
+    )
+
+
+def test_safetensors_without_a_digest_still_load(model_dir: Path):
+    """Files from other tools have no attnlab.sha256 entry: they load, unchecked."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / ckpt.WEIGHTS
+    want = load_file(str(path))
+    save_file(want, str(path), metadata={"format": "pt"})
+    model, _ = from_pretrained(model_dir)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())
+
+
 def test_cli_names_a_truncated_safetensors(model_dir: Path):
     path = model_dir / ckpt.WEIGHTS
     path.write_bytes(_truncated(path.read_bytes()))

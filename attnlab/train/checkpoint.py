@@ -13,6 +13,7 @@ the two renames, ``checkpoint_dir`` finds the old one under its aside name.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ TOKENIZER = "tokenizer.json"
 TRAIN_CONFIG = "train_config.json"
 TRAINER_STATE = "trainer_state.pt"
 ASIDE = ".old"
+DIGEST_KEY = "attnlab.sha256"  # safetensors metadata entry holding weights_digest()
 # Test hook for the crash-safety tests: "STAGE:N" makes the Nth save_checkpoint of the process
 # SIGKILL itself at STAGE ("write": temporary folder half written; "swap": between the renames).
 KILL_HOOK = "ATTNLAB_TEST_KILL_DURING_SAVE"
@@ -45,6 +47,28 @@ def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if getattr(model.config, "tie_embeddings", False):
         sd.pop("lm_head.weight", None)
     return sd
+
+
+def weights_digest(sd: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order.
+
+    safetensors has no checksum of its own, so without this a flipped bit in the data section
+    would load silently; it is stored in the file's metadata and checked on every load.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(sd):
+        t = sd[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def write_weights(model: torch.nn.Module, path: Path) -> None:
+    """model.safetensors with the weights' sha256 in its metadata."""
+    from safetensors.torch import save_file
+
+    sd = model_state_dict(model)
+    save_file(sd, str(path), metadata={"format": "pt", DIGEST_KEY: weights_digest(sd)})
 
 
 def _fsync(path: Path) -> None:
@@ -62,10 +86,8 @@ def _fsync_tree(folder: Path) -> None:
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
     """config.json + model.safetensors (+ tokenizer.json) into an existing folder."""
-    from safetensors.torch import save_file
-
     (folder / CONFIG).write_text(model.config.to_json())
-    save_file(model_state_dict(model), str(folder / WEIGHTS), metadata={"format": "pt"})
+    write_weights(model, folder / WEIGHTS)
     if tokenizer is not None:
         tokenizer.save(folder / TOKENIZER)
 
@@ -127,15 +149,21 @@ def checkpoint_dir(folder: str | Path) -> Path | None:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler."""
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     path = folder / WEIGHTS
     if path.is_file():
         try:
-            return load_file(str(path))
+            sd = load_file(str(path))
+            with safe_open(str(path), framework="pt") as f:
+                expected = (f.metadata() or {}).get(DIGEST_KEY)
         except (SafetensorError, OSError, ValueError) as e:
             raise AttnlabError(f"{path} is truncated or corrupted ({e})") from None
+        # files written by other tools carry no digest; ours must match it
+        if expected is not None and weights_digest(sd) != expected:
+            raise AttnlabError(f"{path} is corrupted: its weights do not match their sha256")
+        return sd
     path = folder / BIN_WEIGHTS
     if path.is_file():
         return safe_torch_load(path)

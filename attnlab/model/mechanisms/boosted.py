@@ -70,7 +70,7 @@ class BoostedRounds(nn.ModuleList):
             q, k, v = rnd.qkv(x - F, x)
             c, _ = attn.attend(q, k, v, ctx, slot=f"r{m}")
             g = rnd.gate(F, c, entropy)
-            F = F + g * c
+            F = torch.addcmul(F, g, c)  # F + g * c in one kernel (and one in backward)
             if ctx.stats is not None or ctx.capture is not None:
                 g = g.expand_as(c)  # scalar gates: one value per element, so std is defined
                 ctx.record(f"boost_gate_r{m}_mean", g.mean())
