@@ -1,4 +1,4 @@
-"""Char and BPE tokenizers: round trips, special tokens, persistence, errors."""
+"""Char, BPE and byte-level BPE tokenizers: round trips, special tokens, persistence, errors."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 CHAR = Tokenizer.train_char(TEXT)
 BPE = Tokenizer.train_bpe(TEXT * 5, 70)
+BYTE_BPE = Tokenizer.train_byte_bpe(TEXT * 5, 300)
+
+
+def make(kind: str) -> Tokenizer:
+    """A fresh tokenizer of ``kind`` trained on TEXT."""
+    if kind == "char":
+        return Tokenizer.train_char(TEXT)
+    if kind == "bpe":
+        return Tokenizer.train_bpe(TEXT * 5, 80)
+    return Tokenizer.train_byte_bpe(TEXT * 5, 300)
 
 
 def test_char_vocab_is_sorted_set_like_nanogpt() -> None:
@@ -51,9 +61,9 @@ def test_bad_char_vocabulary_and_ids() -> None:
         CHAR.decode([CHAR.vocab_size])
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "bpe", "bytebpe"])
 def test_special_tokens_encode_as_one_id_and_survive_save_load(tmp_path, kind: str) -> None:
-    tok = Tokenizer.train_char(TEXT) if kind == "char" else Tokenizer.train_bpe(TEXT * 5, 80)
+    tok = make(kind)
     size = tok.vocab_size
     ids = tok.add_special_tokens(SPECIALS)
     assert ids == [size, size + 1] and tok.vocab_size == size + 2
@@ -99,6 +109,21 @@ def test_bpe_round_trip_up_to_whitespace(words: list[str]) -> None:
     text = " ".join(words)
     decoded = BPE.decode(BPE.encode(text))
     assert re.sub(r"\s", "", decoded) == re.sub(r"\s", "", text)
+
+
+def test_byte_bpe_is_lossless_and_learns_merges() -> None:
+    assert BYTE_BPE.kind == "bytebpe" and BYTE_BPE.vocab_size == 300
+    ids = BYTE_BPE.encode(TEXT)
+    assert len(ids) < len(TEXT.encode()) / 2  # merges happened, newlines included
+    assert BYTE_BPE.decode(ids) == TEXT
+    with pytest.raises(AttnlabError, match="must exceed its 256 byte tokens"):
+        Tokenizer.train_byte_bpe(TEXT, 256)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text())  # any unicode, whitespace runs, characters never seen in training
+def test_byte_bpe_round_trips_any_text(text: str) -> None:
+    assert BYTE_BPE.decode(BYTE_BPE.encode(text)) == text
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"model": {"type": "Unigram"}}'])

@@ -38,9 +38,9 @@ def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+@pytest.mark.parametrize("tokenizer", ["char", "bpe", "bytebpe"])
 def test_prepare_and_load_tiny_corpus(tmp_path, tiny_corpus: Path, tokenizer: str) -> None:
-    vocab_size = 40 if tokenizer == "bpe" else None
+    vocab_size = {"char": None, "bpe": 40, "bytebpe": 300}[tokenizer]
     out = prepare([str(tiny_corpus)], tokenizer, vocab_size, tmp_path / "data")
     assert sorted(p.name for p in out.iterdir()) == [
         "meta.json",
@@ -54,7 +54,7 @@ def test_prepare_and_load_tiny_corpus(tmp_path, tiny_corpus: Path, tokenizer: st
     assert len(ds.train) == ds.meta["train_tokens"] and len(ds.val) == ds.meta["val_tokens"]
     assert [d["title"] for d in ds.meta["provenance"]["documents"]] == ["one.txt", "two.txt"]
     val_text = ds.tokenizer.decode(np.asarray(ds.val).tolist())
-    if tokenizer == "char":
+    if tokenizer != "bpe":  # char and bytebpe are lossless
         assert (
             val_text
             == "one: line 18, to be or not to be\none: line 19, to be or not to be\n\n"
@@ -79,7 +79,8 @@ def test_default_dirs_follow_attnlab_home(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path))
     assert default_data_dir() == tmp_path / "data" / "shakespeare-char"
     assert default_data_dir("bpe") == tmp_path / "data" / "shakespeare-bpe16384"
-    with pytest.raises(AttnlabError, match="bpe tokenizer only"):
+    assert default_data_dir("bytebpe", 4096) == tmp_path / "data" / "shakespeare-bytebpe4096"
+    with pytest.raises(AttnlabError, match="bpe tokenizers only"):
         default_data_dir("char", 100)
     with pytest.raises(AttnlabError, match="--out"):
         prepare(["some/folder"])
@@ -123,6 +124,17 @@ def test_cli_prepare_prints_a_summary(tmp_path, tiny_corpus: Path) -> None:
     assert "custom (2 documents)" in result.stdout and "char vocab" in result.stdout
     assert str(tmp_path / "d") in result.stdout
     assert (tmp_path / "d" / "meta.json").is_file()
+
+
+def test_cli_offers_every_tokenizer() -> None:
+    from attnlab.cli import build_parser
+    from attnlab.data.prepare import TOKENIZERS
+
+    parser = build_parser()
+    for kind in TOKENIZERS:
+        assert parser.parse_args(["prepare", "--tokenizer", kind]).tokenizer == kind
+    with pytest.raises(SystemExit):
+        parser.parse_args(["prepare", "--tokenizer", "wordpiece"])
 
 
 @pytest.mark.parametrize(

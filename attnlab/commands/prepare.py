@@ -18,8 +18,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SOURCE",
         help="'shakespeare' (embedded, the default), .txt files or folders, or hf:NAME[:CONFIG][:SPLIT]",
     )
-    p.add_argument("--tokenizer", choices=("char", "bpe"), default="char")
-    p.add_argument("--vocab-size", type=int, help="bpe vocabulary size (default 16384)")
+    p.add_argument(
+        "--tokenizer",
+        choices=("char", "bpe", "bytebpe"),  # attnlab.data.prepare.TOKENIZERS (kept lazy)
+        default="char",
+        help="char; bpe over whitespace-split words (the GBA paper's); bytebpe: byte-level, "
+        "lossless (keeps newlines and spacing)",
+    )
+    p.add_argument("--vocab-size", type=int, help="bpe/bytebpe vocabulary size (default 16384)")
     p.add_argument(
         "--val-fraction",
         type=float,

@@ -33,7 +33,7 @@ from attnlab.errors import AttnlabError
 DEFAULT_BPE_VOCAB = 16384
 META_FILE = "meta.json"
 META_KEYS = ("vocab_size", "dtype", "train_tokens", "val_tokens", "tokenizer", "provenance")
-TOKENIZERS = ("char", "bpe")
+TOKENIZERS = ("char", "bpe", "bytebpe")
 
 
 def attnlab_home() -> Path:
@@ -44,10 +44,10 @@ def attnlab_home() -> Path:
 def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
     """Validate the tokenizer choice; return the BPE vocabulary size (None for char)."""
     if tokenizer not in TOKENIZERS:
-        raise AttnlabError(f"unknown tokenizer {tokenizer!r} (expected char or bpe)")
+        raise AttnlabError(f"unknown tokenizer {tokenizer!r} (expected {', '.join(TOKENIZERS)})")
     if tokenizer == "char":
         if vocab_size is not None:
-            raise AttnlabError("--vocab-size applies to the bpe tokenizer only")
+            raise AttnlabError("--vocab-size applies to the bpe tokenizers only")
         return None
     return DEFAULT_BPE_VOCAB if vocab_size is None else vocab_size
 
@@ -55,7 +55,7 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
 def default_data_dir(tokenizer: str = "char", vocab_size: int | None = None) -> Path:
     """Where the embedded corpus is prepared: ``$ATTNLAB_HOME/data/shakespeare-char`` etc."""
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
-    name = f"{EMBEDDED}-char" if bpe_vocab is None else f"{EMBEDDED}-bpe{bpe_vocab}"
+    name = f"{EMBEDDED}-char" if bpe_vocab is None else f"{EMBEDDED}-{tokenizer}{bpe_vocab}"
     return attnlab_home() / "data" / name
 
 
@@ -90,6 +90,8 @@ def prepare(
     corpus = load_corpus(sources, val_fraction)
     if bpe_vocab is None:
         tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
+    elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
+        tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab)
     else:
         tok = Tokenizer.train_bpe(corpus.train_text, bpe_vocab, alphabet=corpus.val_text)
 

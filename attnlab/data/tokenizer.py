@@ -9,6 +9,9 @@
   words with single spaces (then drops the space before punctuation and around word-internal
   apostrophes); word-internal pieces carry a ``##`` prefix so the WordPiece decoder glues them
   back together. Unseen characters map to ``<unk>``.
+- ``bytebpe``: byte-level BPE (GPT-2's scheme): text is UTF-8 bytes, whitespace included, so
+  ``decode(encode(text)) == text`` for any text (newlines, indentation, any script) and nothing
+  is ever unknown. The one to use when the model's output is read as text (chat, verse).
 
 Added special tokens (``add_special_tokens``) are matched before either model runs, so they
 always encode as single tokens, and they are saved in ``tokenizer.json``.
@@ -47,7 +50,7 @@ def _codes(text: str) -> np.ndarray:
 
 
 class Tokenizer:
-    """A ``tokenizers.Tokenizer`` of kind ``"char"`` or ``"bpe"`` with attnlab's conventions."""
+    """A ``tokenizers.Tokenizer`` of kind ``"char"``, ``"bpe"`` or ``"bytebpe"``."""
 
     def __init__(self, hf: tokenizers.Tokenizer) -> None:
         model = type(hf.model).__name__
@@ -56,6 +59,8 @@ class Tokenizer:
             raise AttnlabError(f"unsupported tokenizer model {model} (expected WordLevel or BPE)")
         self.hf = hf
         self.kind: str = kinds[model]
+        if self.kind == "bpe" and type(hf.pre_tokenizer).__name__ == "ByteLevel":
+            self.kind = "bytebpe"
         self._refresh()
 
     def _refresh(self) -> None:
@@ -128,6 +133,25 @@ class Tokenizer:
         return cls(hf)
 
     @classmethod
+    def train_byte_bpe(cls, text: str, vocab_size: int) -> Tokenizer:
+        """Byte-level BPE of ``vocab_size`` tokens (the 256 byte tokens included) learned on ``text``."""
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        if vocab_size <= len(alphabet):
+            raise AttnlabError(
+                f"byte-level BPE vocab size must exceed its {len(alphabet)} byte tokens, "
+                f"got {vocab_size}"
+            )
+        hf = tokenizers.Tokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False
+        )
+        # keepends: newlines are tokens here, and merges such as ".\n" are worth learning
+        hf.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
+        return cls(hf)
+
+    @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
         """Load ``tokenizer.json`` (or the one inside the folder ``path``)."""
         path = Path(path)
@@ -165,7 +189,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""
-        if self.kind == "bpe":
+        if self.kind != "char":
             return self.hf.encode(text, add_special_tokens=False).ids
         if self._special_re is None:
             return self._encode_chars(text).tolist()
@@ -190,7 +214,7 @@ class Tokenizer:
         return self._sorted_ids[pos]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` (special tokens included); for bpe, words joined by single spaces."""
+        """Text of ``ids`` (special tokens included); for ``bpe``, words joined by single spaces."""
         ids = [int(i) for i in ids]
         if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
             raise AttnlabError(f"token id out of range for vocab size {self.vocab_size}")
