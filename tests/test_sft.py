@@ -109,6 +109,20 @@ def test_loss_only_on_response_tokens() -> None:
     assert loss(targets(response_changed, mask)) != base
 
 
+def test_batches_pad_to_their_longest_example_and_the_loss_stays_the_same() -> None:
+    examples = [([5, 6, 7], [-1, 7, 8]), ([5] * 11, [-1] * 6 + [9] * 5)]
+    x, y = sft.pad_batch(examples, 64, "cpu")
+    assert x.shape == y.shape == (2, 16)  # longest 11, rounded up to a multiple of 8
+    assert x[0].tolist() == [5, 6, 7] + [0] * 13 and y[0].tolist() == [-1, 7, 8] + [-1] * 13
+    assert sft.pad_batch(examples, 12, "cpu")[0].shape == (2, 12)  # never past block_size
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=16, block_size=64)).eval()
+    with torch.no_grad():  # padded to the full block: causal attention makes the tail irrelevant
+        full = model(F.pad(x, (0, 48)), F.pad(y, (0, 48), value=-1))[1]
+        short = model(x, y)[1]
+    torch.testing.assert_close(short, full, rtol=0, atol=1e-6)
+
+
 def test_load_jsonl_validates_records(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text(
@@ -167,10 +181,15 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
     assert trainer.model.lm_head.weight is wte  # still tied
     sampler, val_batches = sft.sft_batches(trainer)  # a fresh copy: leave the run's stream alone
     x, y = sampler.next_batch()
-    assert len(val_batches) == 1 and val_batches[0][0].shape == (2, 32)  # 2 of 40 records held out
-    assert x.shape == y.shape == (4, 32) and bool((y == -1).any()) and bool((y != -1).any())
+    # short pairs: batches are padded to a multiple of 8 above their longest, not to block 32
+    assert len(val_batches) == 1 and val_batches[0][0].shape[0] == 2  # 2 of 40 records held out
+    assert x.shape == y.shape and x.shape[0] == 4 and x.shape[1] in (16, 24)
+    assert bool((y == -1).any()) and bool((y != -1).any())
     summary = trainer.run()
     assert summary["iters"] == 10 and summary["final_val_loss"] is not None
+    # tokens/s counts the positions actually run, which vary from batch to batch here
+    assert 10 * 4 * 16 <= trainer.state.tokens <= 10 * 4 * 24
+    assert summary["tokens_per_s"] == trainer.state.tokens / trainer.state.train_seconds
 
     interrupted = sft.start(tmp_path / "pre", tmp_path / "sft2", data, overrides=over, quiet=True)
     interrupted.run(until=5)

@@ -30,6 +30,9 @@ def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(
     vals = [float(r["val_loss"]) for r in rows if r["val_loss"]]
     assert vals[-1] < vals[0] - 0.3, vals  # 30 steps at lr 3e-3 from ln(vocab) ~ 4.4
     assert summary["iters"] == 30 and summary["final_val_loss"] == vals[-1]
+    # token windows are full: 30 steps x batch 8 x block 32 positions
+    assert trainer.state.tokens == 30 * 8 * 32
+    assert summary["tokens_per_s"] == 30 * 8 * 32 / summary["train_seconds"]
     assert any(k.startswith("m_gate_mean/layer") for k in header)  # mechanism statistics logged
     for name in (
         "config.json",

@@ -41,10 +41,11 @@ DEFAULTS: dict[str, Any] = dict(
 )
 
 Example = tuple[list[int], list[int]]  # (inputs, targets with -1 where not trained)
+PAD_MULTIPLE = 8
 
 
 class ExampleSampler:
-    """Random whole examples, padded to block_size (input 0, target -1), from its own generator.
+    """Random whole examples from its own generator, each batch padded by pad_batch.
 
     Same contract as BatchSampler (``next_batch``, ``state_dict``, ``load_state_dict``, global
     batch split across ranks), so the Trainer, its checkpoints and resume work unchanged.
@@ -108,8 +109,17 @@ class ExampleSampler:
 def pad_batch(
     examples: list[Example], block_size: int, device: str | torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.zeros(len(examples), block_size, dtype=torch.long)
-    y = torch.full((len(examples), block_size), -1, dtype=torch.long)
+    """Inputs padded with 0 and targets with -1 (ignored), to the batch's longest example.
+
+    Not to block_size: instruction pairs are mostly far shorter than the context, and causal
+    attention makes the padding after an example irrelevant to it, so the loss is the same and
+    the compute is what the examples need. Lengths are rounded up to a multiple of 8 (at most
+    block_size) so that kernels see aligned shapes and a compiled model few distinct ones.
+    """
+    longest = max(len(inp) for inp, _ in examples)
+    width = min(block_size, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
+    x = torch.zeros(len(examples), width, dtype=torch.long)
+    y = torch.full((len(examples), width), -1, dtype=torch.long)
     for row, (inp, tgt) in enumerate(examples):
         x[row, : len(inp)] = torch.tensor(inp)
         y[row, : len(tgt)] = torch.tensor(tgt)

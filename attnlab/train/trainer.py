@@ -168,6 +168,7 @@ class TrainState:
     bad_steps: int = 0
     skipped_steps: int = 0
     train_seconds: float = 0.0
+    tokens: int = 0  # positions trained on, all ranks (SFT batches vary in length)
     history: list[dict[str, float]] = field(default_factory=list)  # (iter, val_loss) of each eval
 
 
@@ -382,13 +383,21 @@ class Trainer:
             desc=self.run_dir.name,
         )
 
-    def _step(self, want_stats: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """One optimizer step over all micro-batches; returns (loss, grad norm, mechanism stats)."""
+    def _step(
+        self, want_stats: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
+        """One optimizer step over all micro-batches.
+
+        Returns (loss, grad norm, mechanism stats, positions run). Positions are this rank's
+        times the world size: exact for token windows, an estimate for SFT batches under DDP.
+        """
         accum = self.cfg.gradient_accumulation_steps
         stats: dict[str, torch.Tensor] = {}
         loss_sum = torch.zeros((), device=self.device)
+        positions = 0
         for micro in range(accum):
             x, y = self.sampler.next_batch()
+            positions += x.numel() * self.dist.world_size
             last = micro == accum - 1
             with distributed.sync_context(self.wrapped, last), self._autocast():
                 _, loss = self.forward_model(x, y, stats=stats if (want_stats and last) else None)
@@ -404,7 +413,7 @@ class Trainer:
                 torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
             )
         # the global batch's loss (ranks hold equal shares), so every rank logs and skips alike
-        return distributed.all_reduce_mean(loss_sum, self.dist), norm, stats
+        return distributed.all_reduce_mean(loss_sum, self.dist), norm, stats, positions
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
@@ -423,10 +432,8 @@ class Trainer:
             if log is not None:
                 log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
         bar = self._progress()
-        tokens_per_step = (
-            cfg.batch_size * cfg.gradient_accumulation_steps * self.model_config.block_size
-        )
-        window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        window_loss, window_steps, window_tokens = 0.0, 0, 0
+        window_t0 = time.perf_counter()
         ckpt_every = cfg.ckpt_interval or cfg.eval_interval
         try:
             while st.iter < stop_at:
@@ -435,7 +442,7 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 want_stats = (st.iter + 1) % cfg.log_interval == 0
-                loss, norm, stats = self._step(want_stats)
+                loss, norm, stats, positions = self._step(want_stats)
                 if not self._finite_or_skip(loss, norm):
                     continue
                 self.scaler.step(self.optimizer)
@@ -443,8 +450,10 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 st.iter += 1
                 st.train_seconds += time.perf_counter() - t0
+                st.tokens += positions
                 window_loss += float(loss)
                 window_steps += 1
+                window_tokens += positions
                 bar.update(1)
                 out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
                 is_last = st.iter == stop_at or out_of_time
@@ -455,7 +464,7 @@ class Trainer:
                         "iter": st.iter,
                         "train_loss": window_loss / max(1, window_steps),
                         "lr": lr,
-                        "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9),
+                        "tokens_per_s": window_tokens / max(elapsed, 1e-9),
                         "step_ms": 1000 * elapsed / max(1, window_steps),
                         "elapsed_s": st.train_seconds,
                         "grad_norm": float(norm),
@@ -466,7 +475,8 @@ class Trainer:
                         lr=f"{lr:.2e}",
                         tok_s=f"{row['tokens_per_s']:.0f}",
                     )
-                    window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+                    window_loss, window_steps, window_tokens = 0.0, 0, 0
+                    window_t0 = time.perf_counter()
                 # a run stopped by max_seconds ends with an eval too: its summary stays current
                 if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters or out_of_time:
                     row = row or {"iter": st.iter, "lr": lr}
@@ -520,15 +530,7 @@ class Trainer:
             "best_val_loss": st.best_val if math.isfinite(st.best_val) else None,
             "train_seconds": st.train_seconds,
             "sec_per_step": st.train_seconds / st.iter if st.iter else None,
-            "tokens_per_s": (
-                st.iter
-                * self.cfg.batch_size
-                * self.cfg.gradient_accumulation_steps
-                * self.model_config.block_size
-                / st.train_seconds
-            )
-            if st.train_seconds
-            else None,
+            "tokens_per_s": st.tokens / st.train_seconds if st.train_seconds else None,
             "peak_memory_mb": peak_memory_mb(self.device),
             "params": self.model.get_num_params(non_embedding=False),
             "skipped_steps": st.skipped_steps,
