@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_model
 
 from attnlab import GPT
+from attnlab.errors import AttnlabError
 from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next
 from attnlab.model.mechanisms import HOOKS
 
@@ -81,6 +82,24 @@ def test_hook_tables_are_fixed_dicts() -> None:
         assert type(owner.hooks) is dict and tuple(owner.hooks) == HOOKS
     model(torch.zeros(1, 4, dtype=torch.long))
     assert all(tuple(b.hooks) == HOOKS for b in model.transformer.h)
+
+
+def test_compile_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = build()
+
+    def broken_compile(**kwargs) -> None:  # what a machine without a C++ compiler does
+        def forward(*args, **kw):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\ntraceback...")
+
+        model.forward = forward
+
+    monkeypatch.setattr(model, "compile", broken_compile)
+    with pytest.raises(AttnlabError) as err:
+        compile_for_decoding(model)
+    assert str(err.value) == (
+        "torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ compiler found);"
+        " run without --compile"
+    )
 
 
 @pytest.mark.slow
