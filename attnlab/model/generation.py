@@ -89,7 +89,7 @@ def compile_for_decoding(model: torch.nn.Module) -> torch.nn.Module:
     """Compile ``model`` in place (``nn.Module.compile``) for the shapes decoding uses; returns it.
 
     Eager decoding of a small model is bound by per-op dispatch, not arithmetic: a cached step at
-    6 x 128 runs about 75 kernels of a few microseconds each. Inductor fuses the elementwise ops
+    6 x 128 runs about 80 kernels of a few microseconds each. Inductor fuses the elementwise ops
     and drops the module overhead, which about halves a cached step on a CPU. ``dynamic=True``
     lets one graph serve every prompt and cache length instead of one per position. Compiling
     takes tens of seconds on a laptop CPU, so it pays off for long or repeated generation.
