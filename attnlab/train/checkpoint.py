@@ -150,13 +150,13 @@ def checkpoint_dir(folder: str | Path) -> Path | None:
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler."""
     from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
 
     path = folder / WEIGHTS
     if path.is_file():
         try:
-            sd = load_file(str(path))
-            with safe_open(str(path), framework="pt") as f:
+            with safe_open(str(path), framework="pt") as f:  # one open: tensors and metadata
+                # a safe_open handle has keys() but is not iterable
+                sd = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
                 expected = (f.metadata() or {}).get(DIGEST_KEY)
         except (SafetensorError, OSError, ValueError) as e:
             raise AttnlabError(f"{path} is truncated or corrupted ({e})") from None
