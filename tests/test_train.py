@@ -103,3 +103,25 @@ def test_sampler_rank_slices_cover_the_global_batch(tiny_data: Path) -> None:
         BatchSampler(tokens, 16, 8, seed=3, rank=r, world_size=2).next_batch()[0] for r in (0, 1)
     ]
     assert torch.equal(torch.cat(halves), whole)
+
+
+def test_sampler_state_resumes_the_stream_and_refuses_another_shape(tiny_data: Path) -> None:
+    import pytest
+
+    from attnlab.data.prepare import load_dataset
+    from attnlab.errors import AttnlabError
+    from attnlab.train.sft import ExampleSampler
+
+    tokens = load_dataset(tiny_data).train
+    examples = [([1, 2, 3], [-1, 3, 4]), ([5] * 9, [6] * 9), ([7], [8])]
+    for make in (
+        lambda block: BatchSampler(tokens, block, 4, seed=5),
+        lambda block: ExampleSampler(examples, block, 4, seed=5),
+    ):
+        a = make(16)
+        a.next_batch()
+        b = make(16)
+        b.load_state_dict(a.state_dict())
+        assert b.batches_drawn == 1 and torch.equal(b.next_batch()[0], a.next_batch()[0])
+        with pytest.raises(AttnlabError, match="sampler state has block_size 16, this run uses 32"):
+            make(32).load_state_dict(a.state_dict())

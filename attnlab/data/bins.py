@@ -65,13 +65,60 @@ def _windows(
     return _to_device(x, device), _to_device(y, device)
 
 
-class BatchSampler:
-    """Random (x, y) windows with its OWN torch.Generator: same seed -> same batches whatever the model.
+class SeededSampler:
+    """What makes a training sampler reproducible and rank-splittable.
 
-    ``batch_size`` is the global batch: every rank draws the same ``batch_size`` offsets and
-    keeps its slice of ``batch_size // world_size`` rows, so N ranks together see exactly the
-    batches of a single process.
+    It has its OWN torch.Generator (same seed -> same batches whatever the model), and
+    ``batch_size`` is the global batch: every rank draws the same ``batch_size`` indices and keeps
+    its slice of ``batch_size // world_size`` rows, so N ranks together see exactly the batches
+    of a single process. ``state_dict`` resumes the identical stream. Subclasses draw with
+    ``_draw`` and name in ``_identity`` what must match for a saved state to apply.
     """
+
+    def __init__(
+        self, batch_size: int, seed: int, rank: int, world_size: int, device: str | torch.device
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise AttnlabError(f"rank {rank} is outside world size {world_size}")
+        if batch_size % world_size:
+            raise AttnlabError(
+                f"batch size {batch_size} is not divisible by world size {world_size}"
+            )
+        self.batch_size, self.device = batch_size, device
+        per_rank = batch_size // world_size
+        self._rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches_drawn = 0
+
+    def _draw(self, high: int) -> torch.Tensor:
+        """This rank's rows of the global batch's random indices in [0, high)."""
+        picks = torch.randint(high, (self.batch_size,), generator=self.generator)
+        self.batches_drawn += 1
+        return picks[self._rows]
+
+    def _identity(self) -> dict[str, int]:
+        return {"batch_size": self.batch_size}
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue the identical stream after a restart."""
+        return {
+            "generator": self.generator.get_state(),
+            "batches_drawn": self.batches_drawn,
+            **self._identity(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in self._identity().items():
+            if state.get(key) != mine:
+                raise AttnlabError(
+                    f"sampler state has {key} {state.get(key)}, this run uses {mine}"
+                )
+        self.generator.set_state(state["generator"])
+        self.batches_drawn = state["batches_drawn"]
+
+
+class BatchSampler(SeededSampler):
+    """Random (x, y) windows of the token stream (see SeededSampler for seeding and ranks)."""
 
     def __init__(
         self,
@@ -87,48 +134,20 @@ class BatchSampler:
             raise AttnlabError(
                 f"block_size and batch_size must be >= 1, got {block_size}, {batch_size}"
             )
-        if not 0 <= rank < world_size:
-            raise AttnlabError(f"rank {rank} is outside world size {world_size}")
-        if batch_size % world_size:
-            raise AttnlabError(
-                f"batch size {batch_size} is not divisible by world size {world_size}"
-            )
         if len(tokens) < block_size + 1:
             raise AttnlabError(
                 f"{len(tokens)} tokens are too few for block size {block_size} (need {block_size + 1})"
             )
-        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
-        self.device = device
-        per_rank = batch_size // world_size
-        self._rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.batches_drawn = 0
+        super().__init__(batch_size, seed, rank, world_size, device)
+        self.tokens, self.block_size = tokens, block_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y) pair, int64 of shape [batch_size // world_size, block_size]."""
-        offsets = torch.randint(
-            len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator
-        )
-        self.batches_drawn += 1
-        return _windows(self.tokens, offsets[self._rows].numpy(), self.block_size, self.device)
+        offsets = self._draw(len(self.tokens) - self.block_size)
+        return _windows(self.tokens, offsets.numpy(), self.block_size, self.device)
 
-    def state_dict(self) -> dict:
-        """Everything needed to continue the identical stream after a restart."""
-        return {
-            "generator": self.generator.get_state(),
-            "batches_drawn": self.batches_drawn,
-            "batch_size": self.batch_size,
-            "block_size": self.block_size,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in ("batch_size", "block_size"):
-            if state[key] != getattr(self, key):
-                raise AttnlabError(
-                    f"sampler state has {key} {state[key]}, this run uses {getattr(self, key)}"
-                )
-        self.generator.set_state(state["generator"])
-        self.batches_drawn = state["batches_drawn"]
+    def _identity(self) -> dict[str, int]:
+        return {**super()._identity(), "block_size": self.block_size}
 
 
 def fixed_batches(

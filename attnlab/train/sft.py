@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from attnlab.config import TrainConfig, split_overrides
+from attnlab.data.bins import SeededSampler
 from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
@@ -44,11 +45,11 @@ Example = tuple[list[int], list[int]]  # (inputs, targets with -1 where not trai
 PAD_MULTIPLE = 8
 
 
-class ExampleSampler:
-    """Random whole examples from its own generator, each batch padded by pad_batch.
+class ExampleSampler(SeededSampler):
+    """Random whole examples, each batch padded by pad_batch.
 
-    Same contract as BatchSampler (``next_batch``, ``state_dict``, ``load_state_dict``, global
-    batch split across ranks), so the Trainer, its checkpoints and resume work unchanged.
+    Seeding, the global batch split across ranks and ``state_dict`` are BatchSampler's (both are
+    SeededSamplers), so the Trainer, its checkpoints and resume work unchanged.
     """
 
     def __init__(
@@ -63,47 +64,19 @@ class ExampleSampler:
     ) -> None:
         if not examples:
             raise AttnlabError("no training examples")
-        if batch_size % world_size:
-            raise AttnlabError(
-                f"batch size {batch_size} is not divisible by world size {world_size}"
-            )
-        self.examples, self.block_size, self.batch_size, self.device = (
-            examples,
-            block_size,
-            batch_size,
-            device,
-        )
-        per_rank = batch_size // world_size
-        self._rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.batches_drawn = 0
+        super().__init__(batch_size, seed, rank, world_size, device)
+        self.examples, self.block_size = examples, block_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        picks = torch.randint(len(self.examples), (self.batch_size,), generator=self.generator)
-        self.batches_drawn += 1
-        return pad_batch(
-            [self.examples[i] for i in picks[self._rows].tolist()], self.block_size, self.device
-        )
+        picks = self._draw(len(self.examples)).tolist()
+        return pad_batch([self.examples[i] for i in picks], self.block_size, self.device)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _identity(self) -> dict[str, int]:
         return {
-            "generator": self.generator.get_state(),
-            "batches_drawn": self.batches_drawn,
-            "batch_size": self.batch_size,
+            **super()._identity(),
             "block_size": self.block_size,
             "examples": len(self.examples),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, mine in (
-            ("batch_size", self.batch_size),
-            ("block_size", self.block_size),
-            ("examples", len(self.examples)),
-        ):
-            if state.get(key) != mine:
-                raise AttnlabError(f"sampler state has {key} {state.get(key)}, this run has {mine}")
-        self.generator.set_state(state["generator"])
-        self.batches_drawn = state["batches_drawn"]
 
 
 def pad_batch(
