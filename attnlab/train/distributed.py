@@ -46,6 +46,10 @@ def setup(device_type: str) -> DistEnv:
 
 def teardown(env: DistEnv) -> None:
     if env.enabled and dist.is_initialized():
+        # wait for every rank (rank 0 may still be writing summary.json): a rank tearing gloo
+        # down while a peer is still connected can abort ("terminate called without an active
+        # exception", SIGABRT) and fail the whole torchrun
+        dist.barrier()
         dist.destroy_process_group()
 
 
