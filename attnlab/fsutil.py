@@ -1,0 +1,122 @@
+"""Output folders that never lose what was there: refuse what attnlab did not write, replace by swap.
+
+Every command with an output folder (``--out``) follows one rule, implemented here once:
+
+- a missing or empty folder is simply written;
+- a non-empty folder that is not the command's own kind of output (``is_own``) is refused in one
+  line naming the folder and ``--overwrite``, unless ``overwrite`` is set;
+- a replacement is written completely into a hidden sibling folder first and only then swapped
+  in (old folder renamed aside, new one renamed into place, old one deleted), so a failure at
+  any moment (disk full, Ctrl-C, a bug) leaves the previous output whole;
+- a full disk is reported as "no space left on device while writing OUT; nothing was lost".
+
+Usage::
+
+    with replace_folder(out, "model folder", overwrite=args.overwrite) as tmp:
+        write_everything_into(tmp)
+    # here ``out`` holds the new output; on an exception it holds exactly what it held before
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+
+def check_out_path(out: Path, flag: str = "--out") -> bool:
+    """Refuse an ``out`` that cannot be a folder (a file, a symlink loop); True if it has content."""
+    try:
+        out.stat()
+    except FileNotFoundError:
+        if out.is_symlink():
+            raise AttnlabError(f"{out} is a dangling symlink; choose another {flag}") from None
+        return False
+    except OSError as e:  # ELOOP (a symlink loop), ENOTDIR (a parent is a file), EACCES
+        raise AttnlabError(f"{out}: {e.strerror}; choose another {flag}") from None
+    if not out.is_dir():
+        raise AttnlabError(f"{out} exists and is not a folder; choose another {flag}")
+    return any(out.iterdir())
+
+
+def refuse_foreign(
+    out: Path,
+    what: str,
+    overwrite: bool = False,
+    is_own: Callable[[Path], bool] | None = None,
+    flag: str = "--out",
+) -> bool:
+    """Raise unless ``out`` may be (re)written; return True when it holds something to replace.
+
+    ``is_own(out)`` says whether a non-empty ``out`` is this command's own kind of output, which
+    it may replace without ``--overwrite``; None means every non-empty folder needs it.
+    """
+    if not check_out_path(out, flag) or overwrite or (is_own is not None and is_own(out)):
+        return out.exists()
+    kind = f" and is not a {what}" if is_own is not None else ""
+    raise AttnlabError(
+        f"{out} is not empty{kind}; pass --overwrite to replace it, or choose another {flag}"
+    )
+
+
+def no_space_message(path: Path | str) -> str:
+    return f"no space left on device while writing {path}; nothing was lost"
+
+
+def _fsync(path: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def swap_in(new: Path, out: Path) -> None:
+    """Put the complete folder ``new`` at ``out``; an existing ``out`` is deleted only afterwards."""
+    aside = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(out, aside)
+    os.replace(new, out)
+    _fsync(out.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def replace_folder(
+    out: str | Path,
+    what: str,
+    overwrite: bool = False,
+    is_own: Callable[[Path], bool] | None = None,
+    flag: str = "--out",
+) -> Iterator[Path]:
+    """Yield an empty temporary sibling of ``out`` to write into; swap it in when the block ends.
+
+    Checks first (see ``refuse_foreign``), so nothing is written when ``out`` must be refused.
+    If the block raises (or is interrupted) the temporary folder is removed and ``out`` is as it
+    was; a full disk becomes one AttnlabError saying so.
+    """
+    out = Path(out).expanduser()
+    refuse_foreign(out, what, overwrite, is_own, flag)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        yield tmp
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                _fsync(path)
+        swap_in(tmp, out)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise AttnlabError(no_space_message(out)) from e
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a no-op once swapped in

@@ -1,0 +1,121 @@
+"""Nothing attnlab did not create is deleted or overwritten; replacements are swapped in whole."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from attnlab.errors import AttnlabError
+from attnlab.fsutil import replace_folder
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file (and '<dir>' for folders) under ``root``."""
+    if not root.exists() and not root.is_symlink():
+        return {}
+    if root.is_file():
+        return {".": hashlib.sha256(root.read_bytes()).hexdigest()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_file()
+        else "<dir>"
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _thesis(tmp_path: Path) -> Path:
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "thesis.tex").write_text("a month of work")
+    return out
+
+
+def test_replace_folder_writes_a_new_folder(tmp_path: Path):
+    out = tmp_path / "new" / "out"
+    with replace_folder(out, "thing") as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert snapshot(out) == snapshot_of({"a.txt": "a"}, tmp_path)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+def snapshot_of(files: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    for name, text in files.items():
+        (ref / name).write_text(text)
+    return snapshot(ref)
+
+
+def test_replace_folder_refuses_a_foreign_folder(tmp_path: Path):
+    out = _thesis(tmp_path)
+    before = snapshot(out)
+    with pytest.raises(AttnlabError) as err, replace_folder(out, "thing", is_own=lambda p: False):
+        raise AssertionError("never reached")
+    assert str(err.value) == (
+        f"{out} is not empty and is not a thing; pass --overwrite to replace it, "
+        "or choose another --out"
+    )
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
+
+
+@pytest.mark.parametrize("fault", ["disk full", "interrupt", "bug"])
+def test_a_failed_overwrite_leaves_the_old_folder_whole(tmp_path: Path, fault):
+    out = _thesis(tmp_path)
+    before = snapshot(out)
+    errors = {
+        "disk full": OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+        "interrupt": KeyboardInterrupt(),
+        "bug": RuntimeError("bug"),
+    }
+    with (
+        pytest.raises((AttnlabError, KeyboardInterrupt, RuntimeError)) as err,
+        replace_folder(out, "thing", overwrite=True) as tmp,
+    ):
+        (tmp / "config.json").write_text('{"new": 1}')
+        raise errors[fault]
+    if fault == "disk full":
+        assert str(err.value) == f"no space left on device while writing {out}; nothing was lost"
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
+
+
+def test_overwrite_swaps_the_new_folder_in(tmp_path: Path):
+    out = _thesis(tmp_path)
+    with replace_folder(out, "thing", overwrite=True) as tmp:
+        (tmp / "config.json").write_text('{"new": 1}')
+    assert snapshot(out) == snapshot_of({"config.json": '{"new": 1}'}, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "reference"]
+
+
+def _a_file(tmp_path: Path) -> tuple[Path, str]:
+    out = tmp_path / "notes.txt"
+    out.write_text("notes")
+    return out, f"{out} exists and is not a folder; choose another --out"
+
+
+def _symlink_loop(tmp_path: Path) -> tuple[Path, str]:
+    out = tmp_path / "loop"
+    out.symlink_to(out)
+    return out, f"{out}: Too many levels of symbolic links; choose another --out"
+
+
+def _under_a_file(tmp_path: Path) -> tuple[Path, str]:
+    (tmp_path / "notes.txt").write_text("notes")
+    out = tmp_path / "notes.txt" / "out"
+    return out, f"{out}: Not a directory; choose another --out"
+
+
+@pytest.mark.parametrize("make", [_a_file, _symlink_loop, _under_a_file])
+def test_an_out_that_cannot_be_a_folder_is_refused(tmp_path: Path, make):
+    out, expected = make(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(AttnlabError) as err, replace_folder(out, "thing", overwrite=True):
+        raise AssertionError("never reached")
+    assert str(err.value) == expected
+    assert snapshot(tmp_path) == before
