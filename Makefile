@@ -10,7 +10,7 @@ STAMP := $(VENV)/.attnlab-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,export]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,export,hf]'
 	touch $(STAMP)
 
 demo: $(STAMP)
