@@ -119,3 +119,18 @@ def test_an_out_that_cannot_be_a_folder_is_refused(tmp_path: Path, make):
         raise AssertionError("never reached")
     assert str(err.value) == expected
     assert snapshot(tmp_path) == before
+
+
+def test_a_second_trainer_on_a_run_folder_is_refused_naming_the_holder(tmp_path: Path):
+    from attnlab.rundir import RunLock
+
+    run = tmp_path / "run"
+    with RunLock(run):
+        with pytest.raises(AttnlabError) as err:
+            RunLock(run).acquire()
+        assert str(err.value) == (
+            f"{run} is in use by another trainer (PID {os.getpid()}); "
+            "wait for it to finish or stop it, or choose another folder"
+        )
+    with RunLock(run):  # released: the next one gets it
+        pass

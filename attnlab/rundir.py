@@ -1,0 +1,72 @@
+"""The run folder: the lock that keeps one trainer per run.
+
+Two trainers writing one run folder would interleave their checkpoints and metrics.csv rows, so
+a trainer holds an exclusive ``fcntl.flock`` on ``RUN/.attnlab.lock`` from start to end; a
+second one is refused in one line naming the holder's PID. The operating system drops the lock
+when its holder exits, however it exits, so a killed run never leaves a stale lock behind.
+Where ``fcntl`` does not exist (Windows) runs are not locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import IO
+
+from attnlab.errors import AttnlabError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover  (Windows)
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = ".attnlab.lock"
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held until ``release`` (or the process ends)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.file: IO[str] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.file is not None
+
+    def acquire(self) -> None:
+        """Take the lock (creating the folder), or raise naming the process that holds it."""
+        if self.held or fcntl is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise AttnlabError(
+                f"{self.run_dir} is in use by another trainer (PID {holder}); "
+                "wait for it to finish or stop it, or choose another folder"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self.file = f
+
+    def release(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()  # closing the file drops the flock
+            self.file = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
