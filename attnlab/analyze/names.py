@@ -188,7 +188,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.train.trainer import resolve_device
+    from attnlab.device import resolve_device
 
     runs = [args.run] + ([args.run_b] if args.run_b else [])
     report = name_test(

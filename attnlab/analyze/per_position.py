@@ -185,7 +185,7 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.train.trainer import resolve_device
+    from attnlab.device import resolve_device
 
     cmp = compare(
         args.run_a,

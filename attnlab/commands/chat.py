@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab import from_pretrained
     from attnlab.data.chat import IM_END, IM_START, fit_history
+    from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
     from attnlab.model.generation import compile_for_decoding, stream
-    from attnlab.train.trainer import resolve_device
 
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab import from_pretrained
     from attnlab.data.prepare import load_dataset
+    from attnlab.device import resolve_device
     from attnlab.eval.loss import split_loss
-    from attnlab.train.trainer import resolve_device
 
     model, _ = from_pretrained(args.model, device=resolve_device(args.device))
     data = load_dataset(args.data or run_data_dir(args.model))

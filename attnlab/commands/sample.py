@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import from_pretrained
+    from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
-    from attnlab.train.trainer import resolve_device
 
     if args.backend == "onnxruntime":
         from attnlab.export import load_onnx

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
@@ -37,36 +38,6 @@ METRIC_COLUMNS = [
     "elapsed_s",
     "grad_norm",
 ]
-
-
-def resolve_device(name: str) -> torch.device:
-    """ "auto" picks cuda, then mps, then cpu."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    return torch.device(name)
-
-
-def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA when supported ("auto"); full precision elsewhere."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return None if name == "float32" else getattr(torch, name)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocated memory on CUDA, else the process's peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource
-    except ImportError:  # Windows
-        return float("nan")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
 def environment(device: torch.device) -> dict[str, Any]:
