@@ -69,14 +69,34 @@ def load_config(target: str, overrides: list[str]):
     return ModelConfig.preset(target, **model_over)
 
 
-def run(args: argparse.Namespace) -> int:
+def shapes_only(config: Any) -> Any:
+    """The GPT of ``config`` with its initialisation skipped: right shapes, values never written.
+
+    Not the meta device: meta kernels of normal_, arange and friends import torch._dynamo, which
+    costs seconds. Uninitialised CPU storage is as cheap (the pages are never touched).
+    """
     import torch
+    from torch.overrides import TorchFunctionMode
 
     from attnlab.model import GPT
 
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            kwargs = kwargs or {}
+            if getattr(func, "__module__", None) == "torch.nn.init" or func in (
+                torch.Tensor.normal_,
+                torch.Tensor.uniform_,
+            ):
+                return args[0] if args else kwargs["tensor"]
+            return func(*args, **kwargs)
+
+    with SkipInit():
+        return GPT(config)
+
+
+def run(args: argparse.Namespace) -> int:
     config = load_config(args.target, args.overrides)
-    with torch.device("meta"):  # shapes only: the 61M preset costs nothing to describe
-        model = GPT(config)
+    model = shapes_only(config)
     counts = parameter_counts(model)
     print(f"{args.target}\n\nconfig")
     for key, value in config.to_dict().items():
