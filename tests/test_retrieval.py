@@ -11,6 +11,7 @@ from attnlab.eval.retrieval import (
     Converged,
     bayes_accuracy,
     make_patterns,
+    retrieval_loss,
     run_retrieval,
     sample_queries,
 )
@@ -66,6 +67,59 @@ def test_deq_implicit_gradient_matches_backprop_at_a_contraction() -> None:
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
+# Accuracies printed by the authors' released code (salehsargolzaee/boosted-attention at
+# 2d52967, experiments/exp_ablations.py: torch.manual_seed(SEED), the patterns, then
+# train_and_eval(StandardAttention) and train_and_eval(BoostedAttention(n_rounds=3,
+# gate_type="scalar")) with epochs=100, n_val=500), run on this CPU.
+RELEASED_REFERENCE = [
+    ((8, 4, 0.5, 0), {"one-step": 37.8, "boosted": 74.6}),
+    ((16, 4, 0.8, 1), {"one-step": 55.8, "boosted": 60.2}),
+]
+
+
+@pytest.mark.parametrize(("setting", "expected"), RELEASED_REFERENCE)
+def test_released_protocol_reproduces_the_authors_code(setting, expected) -> None:
+    d, k, sigma, seed = setting
+    state = torch.random.get_rng_state()
+    got = run_retrieval(
+        d,
+        k,
+        sigma,
+        ["one-step", "boosted"],
+        rounds=3,
+        gate="scalar",
+        steps=100,
+        queries=500,
+        seed=seed,
+        protocol="released",
+    )
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's stream is untouched
+
+
+def test_losses_by_formula() -> None:
+    torch.manual_seed(0)
+    out, targets, logits = torch.randn(6, 4), torch.randn(6, 4), torch.randn(6, 3)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    cos = (1 - torch.nn.functional.cosine_similarity(out, targets, dim=-1)).mean()
+    ce = torch.nn.functional.cross_entropy
+    expected = {
+        "cos": cos,
+        "cos-ce": cos + 0.5 * ce(logits, labels),
+        "cos-ce-weights": cos + 0.5 * ce(torch.softmax(logits, -1), labels),
+        "mse": ((out - targets) ** 2).mean(),
+    }
+    for name, value in expected.items():
+        assert torch.allclose(retrieval_loss(out, logits, targets, labels, name), value), name
+
+
+def test_attnlab_protocol_scores_every_method_on_one_eval_set() -> None:
+    kwargs = {"queries": 400, "steps": 10, "protocol": "attnlab"}
+    one = run_retrieval(8, 4, 0.5, ["one-step"], **kwargs)["one-step"]
+    both = run_retrieval(8, 4, 0.5, ["boosted", "one-step"], rounds=1, **kwargs)
+    assert both == {"boosted": one, "one-step": one}  # same init, batches and eval queries
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "attnlab", "retrieval", *args],
@@ -91,8 +145,21 @@ def test_cli_json() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert set(out) == {"random", "bayes", "one-step"}
-    assert out["random"] == 25.0
+    assert set(out["accuracy"]) == {"random", "bayes", "one-step"}
+    assert out["accuracy"]["random"] == 25.0
+    assert out["settings"] == {
+        "d": 8,
+        "patterns": 4,
+        "sigma": 0.5,
+        "methods": ["random", "bayes", "one-step"],
+        "rounds": 2,
+        "gate": "mlp",
+        "protocol": "released",
+        "loss": "protocol default",
+        "queries": 300,
+        "steps": 5,
+        "seed": 0,
+    }
 
 
 def test_cli_bad_method_is_one_clean_line() -> None:

@@ -18,7 +18,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods")
     p.add_argument("--rounds", type=int, default=2, help="boosting rounds M (1 = one-step)")
     p.add_argument("--gate", default="mlp", help="boosting gate: none, scalar, linear, mlp")
-    p.add_argument("--loss", default="cos-ce", help="training loss: cos-ce (default) or mse")
+    p.add_argument(
+        "--protocol",
+        default="released",
+        choices=("released", "attnlab"),
+        help="released: the authors' released scripts (one global random stream, best of "
+        "evaluations every 50 steps); attnlab: separate streams, one fixed evaluation set",
+    )
+    p.add_argument(
+        "--loss",
+        choices=("cos-ce", "cos-ce-weights", "cos", "mse"),
+        help="training loss (default: the protocol's own: cos-ce-weights, i.e. the released "
+        "cross-entropy on softmax weights, for released; cos-ce for attnlab)",
+    )
     p.add_argument("--queries", type=int, default=5000, help="evaluation queries")
     p.add_argument("--steps", type=int, default=150, help="training steps (batches of 512)")
     p.add_argument("--seed", type=int, default=0)
@@ -41,15 +53,26 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         seed=args.seed,
         loss=args.loss,
+        protocol=args.protocol,
     )
+    settings = {
+        "d": args.d,
+        "patterns": args.patterns,
+        "sigma": args.sigma,
+        "methods": methods,
+        "rounds": args.rounds,
+        "gate": args.gate,
+        "protocol": args.protocol,
+        "loss": args.loss or "protocol default",
+        "queries": args.queries,
+        "steps": args.steps,
+        "seed": args.seed,
+    }
     if args.json:
-        print(json.dumps({k: round(v, 2) for k, v in results.items()}))
+        accuracy = {k: round(v, 2) for k, v in results.items()}
+        print(json.dumps({"settings": settings, "accuracy": accuracy}))
         return 0
-    print(
-        f"retrieval d={args.d} K={args.patterns} sigma={args.sigma} "
-        f"(M={args.rounds}, gate={args.gate}, loss={args.loss}, "
-        f"{args.queries} queries, seed {args.seed})"
-    )
+    print("retrieval " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "methods"))
     width = max(len(m) for m in results)
     print(f"{'method':<{width}}  acc %")
     for method, acc in results.items():

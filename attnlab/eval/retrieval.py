@@ -6,22 +6,30 @@ patterns. A method is scored by whether the pattern nearest (Euclidean) to its o
 Model choices (kept minimal and faithful to the paper and its released experiments):
 each attention step has its own bias-free ``W_q, W_k: d -> d`` and ``W_v: d -> d`` and a
 learnable ``beta = exp(log_beta)`` starting at 2; there is no output projection, because the
-output is compared with the patterns directly in input space. Training: loss
-``(1 - cos(output, target)) + 0.5 * CE(logits, i)``, Adam 3e-3 with a cosine schedule,
-gradient clipping at 1.0, fresh batches of 512 each step. The CE logits are those of the
-step that reads the query (round 0 for boosting); for the converged variants they are the
-logits of the final state, which at a fixed point are the logits of the step producing it.
+output is compared with the patterns directly in input space. Adam 3e-3 with a cosine schedule,
+gradient clipping at 1.0, fresh batches of 512 each step.
 
-``loss="mse"`` switches to the plain MSE to the target pattern of the released experiment
-scripts. With cos+CE the CE term trains the logits as a classifier directly, so one-step
-attention lands within about a point of the Bayes ceiling and boosting has little left to
-add; with MSE one-step stays several points below it, as in the paper's tables.
+Two training protocols:
+
+- ``released`` (the default): the authors' released experiment scripts. One global random
+  stream, seeded once per cell (``42 + seed``), draws the patterns, every model's initial
+  weights, the training batches and the evaluation queries, in that order, methods one after
+  another. The loss is ``(1 - cos) + 0.5 * CE`` where the cross-entropy is applied to the
+  softmax *weights* of the step that reads the query, as if they were logits (converged
+  variants: the cosine term alone). Every 50 steps the model is scored on fresh queries and the
+  best state kept; the reported accuracy is the larger of that best score and a last score of
+  the kept state on fresh queries, so it selects on evaluation draws.
+- ``attnlab``: independent streams per seed for patterns, training batches and evaluation
+  queries (every method sees the same ones), one fixed evaluation set scored once after
+  training, and a choice of loss: ``cos-ce`` (cross-entropy on the logits) or ``mse`` to the
+  target pattern.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as Fn
@@ -30,7 +38,8 @@ from torch import Tensor, nn
 from attnlab.errors import AttnlabError
 from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
 
-LOSSES = ("cos-ce", "mse")
+LOSSES = ("cos-ce", "cos-ce-weights", "cos", "mse")
+PROTOCOLS = ("released", "attnlab")
 METHODS = ("random", "bayes", "one-step", "converged-backprop", "converged-deq", "boosted")
 CONVERGED_STEPS = 20
 BETA_INIT = 2.0
@@ -44,21 +53,24 @@ ADJOINT_TOL = 1e-6
 # Independent random streams per seed, so every method sees the same patterns, the same
 # training batches and the same evaluation queries.
 PATTERN_STREAM, TRAIN_STREAM, EVAL_STREAM = 0, 1, 2
+# The released scripts: torch.manual_seed(42) before the patterns; evaluation every 50 steps.
+RELEASED_SEED = 42
+RELEASED_EVAL_EVERY = 50
 
 
 def _generator(seed: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(1000 * seed + stream)
 
 
-def make_patterns(patterns: int, d: int, generator: torch.Generator) -> Tensor:
+def make_patterns(patterns: int, d: int, generator: torch.Generator | None) -> Tensor:
     """``patterns`` stored patterns ``normalize(randn(K, d))``."""
     return Fn.normalize(torch.randn(patterns, d, generator=generator), dim=-1)
 
 
 def sample_queries(
-    patterns: Tensor, n: int, sigma: float, generator: torch.Generator
+    patterns: Tensor, n: int, sigma: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
-    """``n`` noisy queries (pattern i + sigma * N(0, I)) and their labels i."""
+    """``n`` noisy queries (pattern i + sigma * N(0, I)) and their labels i (labels drawn first)."""
     labels = torch.randint(patterns.shape[0], (n,), generator=generator)
     noise = torch.randn(n, patterns.shape[1], generator=generator)
     return patterns[labels] + sigma * noise, labels
@@ -181,11 +193,19 @@ class BoostedRetrieval(nn.Module):
 def retrieval_loss(
     out: Tensor, logits: Tensor, targets: Tensor, labels: Tensor, loss: str
 ) -> Tensor:
-    """``(1 - cos) + 0.5 * CE`` ("cos-ce") or MSE to the target pattern ("mse")."""
+    """The training loss named ``loss`` (see LOSSES).
+
+    ``cos-ce``: ``(1 - cos) + 0.5 * CE(logits)``; ``cos-ce-weights``: the released scripts'
+    variant, the cross-entropy taken of the softmax weights as if they were logits; ``cos``:
+    the cosine term alone (the released converged baseline); ``mse``: MSE to the target.
+    """
     if loss == "mse":
         return Fn.mse_loss(out, targets)
-    cos = Fn.cosine_similarity(out, targets, dim=-1)
-    return (1 - cos).mean() + CE_WEIGHT * Fn.cross_entropy(logits, labels)
+    cos_term = (1 - Fn.cosine_similarity(out, targets, dim=-1)).mean()
+    if loss == "cos":
+        return cos_term
+    scores = torch.softmax(logits, dim=-1) if loss == "cos-ce-weights" else logits
+    return cos_term + CE_WEIGHT * Fn.cross_entropy(scores, labels)
 
 
 def train(
@@ -196,11 +216,25 @@ def train(
     generator: torch.Generator,
     loss: str = "cos-ce",
 ) -> nn.Module:
-    """Fit ``model`` on ``steps`` fresh batches of noisy queries."""
+    """Fit ``model`` on ``steps`` fresh batches of noisy queries (the attnlab protocol)."""
+    for _ in _training_steps(model, patterns, sigma, steps, generator, loss):
+        pass
+    return model.eval()
+
+
+def _training_steps(
+    model: nn.Module,
+    patterns: Tensor,
+    sigma: float,
+    steps: int,
+    generator: torch.Generator | None,
+    loss: str,
+) -> Iterator[int]:
+    """Adam + cosine schedule + clipping on fresh batches; yields after each step (1-based)."""
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-    model.train()
-    for _ in range(steps):
+    for step in range(1, steps + 1):
+        model.train()
         queries, labels = sample_queries(patterns, BATCH, sigma, generator)
         out, logits = model(queries, patterns)
         opt.zero_grad()
@@ -208,7 +242,34 @@ def train(
         nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         opt.step()
         sched.step()
-    return model.eval()
+        yield step
+
+
+def train_released(
+    model: nn.Module, patterns: Tensor, sigma: float, steps: int, loss: str, queries: int
+) -> float:
+    """The released scripts' loop on the global random stream; returns the accuracy they report.
+
+    Every RELEASED_EVAL_EVERY steps the model is scored on ``queries`` fresh queries and the best
+    state kept; the result is max(best score, a last score of the kept state on fresh queries).
+    """
+    best, best_state = 0.0, None
+    for step in _training_steps(model, patterns, sigma, steps, None, loss):
+        if step % RELEASED_EVAL_EVERY == 0:
+            acc = _score_fresh(model, patterns, sigma, queries)
+            if acc > best:
+                best, best_state = acc, copy.deepcopy(model.state_dict())
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return max(best, _score_fresh(model, patterns, sigma, queries))
+
+
+@torch.no_grad()
+def _score_fresh(model: nn.Module, patterns: Tensor, sigma: float, n: int) -> float:
+    model.eval()
+    q, labels = sample_queries(patterns, n, sigma, None)
+    out, _ = model(q, patterns)
+    return nearest_pattern_accuracy(out, patterns, labels)
 
 
 def _build(method: str, d: int, rounds: int, gate: str) -> nn.Module:
@@ -231,18 +292,27 @@ def run_retrieval(
     queries: int = 5000,
     steps: int = 150,
     seed: int = 0,
-    loss: str = "cos-ce",
+    loss: str | None = None,
+    protocol: str = "released",
 ) -> dict[str, float]:
-    """Accuracy (%) of each method on the same patterns and the same evaluation queries."""
+    """Accuracy (%) of each method under ``protocol`` (see the module docstring).
+
+    ``loss`` None means the protocol's own: the released scripts' ``cos-ce-weights`` (``cos``
+    for the converged variants), or ``cos-ce`` under the attnlab protocol.
+    """
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise AttnlabError(f"unknown method {unknown[0]!r}; allowed: {', '.join(METHODS)}")
     if gate not in GATE_KINDS:
         raise AttnlabError(f"unknown gate {gate!r}; allowed: {', '.join(GATE_KINDS)}")
-    if loss not in LOSSES:
+    if loss is not None and loss not in LOSSES:
         raise AttnlabError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
+    if protocol not in PROTOCOLS:
+        raise AttnlabError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     if d < 1 or patterns < 2 or sigma <= 0 or rounds < 1 or queries < 1 or steps < 1:
         raise AttnlabError("need d >= 1, patterns >= 2, sigma > 0, rounds/queries/steps >= 1")
+    if protocol == "released":
+        return _run_released(d, patterns, sigma, methods, rounds, gate, queries, steps, seed, loss)
 
     stored = make_patterns(patterns, d, _generator(seed, PATTERN_STREAM))
     eval_q, eval_labels = sample_queries(stored, queries, sigma, _generator(seed, EVAL_STREAM))
@@ -257,8 +327,40 @@ def run_retrieval(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = _build(method, d, rounds, gate)
-            train(model, stored, sigma, steps, _generator(seed, TRAIN_STREAM), loss)
+            train(model, stored, sigma, steps, _generator(seed, TRAIN_STREAM), loss or "cos-ce")
             with torch.no_grad():
                 out, _ = model(eval_q, stored)
             results[method] = nearest_pattern_accuracy(out, stored, eval_labels)
+    return results
+
+
+def _run_released(
+    d: int,
+    patterns: int,
+    sigma: float,
+    methods: Sequence[str],
+    rounds: int,
+    gate: str,
+    queries: int,
+    steps: int,
+    seed: int,
+    loss: str | None,
+) -> dict[str, float]:
+    """The released scripts' protocol: one global stream, methods trained one after another."""
+    results: dict[str, float] = {}
+    with torch.random.fork_rng(devices=[]):  # the caller's global stream is left as it was
+        torch.manual_seed(RELEASED_SEED + seed)
+        stored = make_patterns(patterns, d, None)
+        for method in methods:
+            if method == "random":
+                results[method] = 100.0 / patterns
+            elif method == "bayes":  # not in the scripts: scored off the stream, on its own draw
+                q, labels = sample_queries(stored, queries, sigma, _generator(seed, EVAL_STREAM))
+                results[method] = bayes_accuracy(stored, q, labels, sigma)
+            else:
+                own = "cos" if method.startswith("converged") else "cos-ce-weights"
+                model = _build(method, d, rounds, gate)
+                results[method] = train_released(model, stored, sigma, steps, loss or own, queries)
+                # the scripts' per-round analysis draws one more query set; keep in step with it
+                sample_queries(stored, queries, sigma, None)
     return results
