@@ -350,3 +350,43 @@ def test_int8_size_qkve_61m(tmp_path: Path) -> None:
     fp32, int8 = ((tmp_path / FILES[f]).stat().st_size for f in ("onnx", "onnx-int8"))
     assert fp32 > 4 * 61_000_000  # every fp32 weight is in the file, once
     assert int8 / fp32 <= 0.30, (fp32, int8)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_export_out_refuses_foreign_folder_and_swaps(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save_checkpoint(tmp_path / "ckpt", make_model(), None)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("my notes")
+    args = ["export", str(tmp_path / "ckpt"), "--formats", "safetensors", "--out", str(foreign)]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"attnlab export: error: {foreign} is not empty and is not a model folder exported by attnlab; "
+        "pass --overwrite to replace it, or choose another --out"
+    ]
+    assert tree(foreign) == {"notes.txt": b"my notes"}
+    # an earlier export is replaced without --overwrite
+    out = tmp_path / "out"
+    assert cli_main([*args[:-1], str(out)]) == 0
+    assert cli_main([*args[:-1], str(out)]) == 0
+    before = tree(out)
+    assert set(before) == {"config.json", "generation_config.json", "model.safetensors"}
+
+    # a failure mid-export leaves the previous export whole, and no temporary folder behind
+    def fail(*_args, **_kwargs) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr("attnlab.export.folder.write_bin", fail)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        export(tmp_path / "ckpt", out, ["safetensors", "bin"])
+    assert tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "mine", "out"]
+    # --overwrite replaces the foreign folder whole
+    assert cli_main([*args, "--overwrite"]) == 0
+    assert set(tree(foreign)) == set(before)

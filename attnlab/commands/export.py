@@ -18,7 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(onnx-int8 also writes onnx)",
     )
     p.add_argument(
-        "--out", required=True, metavar="DIR", help="folder to write (created if missing)"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder to write (created if missing; an earlier export there is replaced whole)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out that is not an attnlab export",
     )
     p.set_defaults(func=run)
 
@@ -28,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     formats = parse_formats(args.formats)
     written = export(
-        args.model, args.out, formats, log=lambda line: print(f"export: {line}", flush=True)
+        args.model,
+        args.out,
+        formats,
+        log=lambda line: print(f"export: {line}", flush=True),
+        overwrite=args.overwrite,
     )
     print(f"wrote {len(written)} format(s) to {args.out}")
     return 0
