@@ -1,19 +1,81 @@
-"""`attnlab presets`: list the named presets."""
+"""`attnlab presets`: the named presets with their recipes, or (--fields) every config field."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("presets", help="list the named presets")
+    p = subparsers.add_parser(
+        "presets",
+        help="list the named presets and their training recipes (--fields: every config field)",
+        description="Each preset: its architecture, the training recipe of its source and the "
+        "data it expects. Fields a preset leaves out take the defaults of --fields.",
+    )
+    p.add_argument("name", nargs="?", help="show only this preset")
+    p.add_argument(
+        "--fields",
+        action="store_true",
+        help="list every model and training field with its type, default and meaning",
+    )
     p.set_defaults(func=run)
+
+
+def spell(value: Any) -> str:
+    """A value the way `key=value` takes it back (true, null, 0.001, rope)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def field_table() -> list[str]:
+    """Lines of `--fields`: name, type, default and meaning of every field, model then train."""
+    from attnlab.config import ModelConfig, TrainConfig
+    from attnlab.field_help import MODEL_HELP, TRAIN_HELP
+
+    lines = []
+    for title, cls, helps in (
+        ("model fields (ModelConfig)", ModelConfig, MODEL_HELP),
+        ("training fields (TrainConfig)", TrainConfig, TRAIN_HELP),
+    ):
+        defaults = cls().to_dict()
+        lines.append(title)
+        for f in dataclasses.fields(cls):
+            kind = str(f.type).replace(" | None", " or null")
+            choices = _choices(f.name)
+            meaning = helps[f.name] + (f" ({choices})" if choices else "")
+            lines.append(f"  {f.name:<28} {kind:<16} {spell(defaults[f.name]):<10} {meaning}")
+        lines.append("")
+    lines.append("Set any of them as key=value (or --key=value) after `attnlab train`.")
+    return lines
+
+
+def _choices(name: str) -> str:
+    from attnlab.config import CHOICES
+
+    return " | ".join(map(spell, CHOICES[name])) if name in CHOICES else ""
+
+
+def preset_lines(name: str) -> list[str]:
+    """A preset's description, then its model, train and data settings as key=value."""
+    from attnlab.presets import get_preset
+
+    preset = get_preset(name)
+    data = " ".join(f"{k}={spell(v)}" for k, v in preset.data.items())
+    lines = [f"{name}: {preset.description}"]
+    for part, values in (("model", preset.model), ("train", preset.train)):
+        lines.append(f"  {part}: " + " ".join(f"{k}={spell(v)}" for k, v in values.items()))
+    lines.append(f"  data:  {data or 'the embedded corpus, char-level'}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.presets import PRESETS
 
-    width = max(map(len, PRESETS))
-    for name, preset in PRESETS.items():
-        print(f"{name:<{width}}  {preset.description}")
+    if args.fields:
+        print("\n".join(field_table()))
+        return 0
+    for i, name in enumerate([args.name] if args.name else PRESETS):
+        print(("\n" if i else "") + "\n".join(preset_lines(name)))
     return 0
