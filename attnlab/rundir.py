@@ -1,4 +1,4 @@
-"""The run folder: the lock that keeps one trainer per run.
+"""The run folder: what makes a folder a run, and the lock that keeps one trainer per run.
 
 Two trainers writing one run folder would interleave their checkpoints and metrics.csv rows, so
 a trainer holds an exclusive ``fcntl.flock`` on ``RUN/.attnlab.lock`` from start to end; a
@@ -10,6 +10,7 @@ Where ``fcntl`` does not exist (Windows) runs are not locked.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import IO
@@ -70,3 +71,12 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def is_run_folder(folder: Path) -> bool:
+    """True if ``folder/config.json`` is a run's (model, train and data), not a model folder's."""
+    try:
+        saved = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"model", "train", "data"} <= saved.keys()

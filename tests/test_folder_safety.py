@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_bad_input import attnlab, error_line  # noqa: F401  (attnlab: a fixture)
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import replace_folder
@@ -134,3 +135,57 @@ def test_a_second_trainer_on_a_run_folder_is_refused_naming_the_holder(tmp_path:
         )
     with RunLock(run):  # released: the next one gets it
         pass
+
+
+def _demo(out: Path, data: Path) -> list[str]:
+    return ["demo", "--out", str(out), "max_iters=1", "eval_iters=1", "tensorboard=false"]
+
+
+FOREIGN = [
+    # (command line for out, what a refused command says)
+    (_demo, "{out} is not empty and is not a demo run; pass --overwrite to replace it, "
+     "or choose another --out"),
+    (lambda out, data: ["demo", "--out", str(out), "n_layr=2"],
+     "unknown config key 'n_layr'; did you mean 'n_layer'?"),
+    (lambda out, data: ["demo", "--out", str(out), "--preset", "no-such"],
+     "unknown preset 'no-such'"),
+    (lambda out, data: ["train", "--data", str(data), "--out", str(out), "max_iters=1"],
+     "{out} is not empty and is not a run folder; pass --overwrite to replace it, "
+     "or choose another --out"),
+    (lambda out, data: ["prepare", "--corpus", str(data / "train.bin"), "--out", str(out)],
+     "{out} is not empty and is not a prepared data folder; pass --overwrite to replace it, "
+     "or choose another --out"),
+    (lambda out, data: ["import-nanogpt", "ckpt.pt", "--out", str(out)],
+     "{out} is not empty; pass --overwrite to replace it, or choose another --out"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "expected"), FOREIGN)
+def test_commands_refuse_a_folder_they_did_not_write(
+    attnlab,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    argv,
+    expected,
+):
+    out = _thesis(tmp_path)
+    before = snapshot(tmp_path)
+    args = argv(out, tiny_data)
+    p = attnlab(*args)
+    assert error_line(p, args[0]).startswith(expected.format(out=out))
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["train", "demo", "prepare", "import-nanogpt"])
+def test_an_out_that_is_a_file_is_refused(attnlab, tiny_data: Path, tmp_path: Path, command):  # noqa: F811
+    out = tmp_path / "notes.txt"
+    out.write_text("notes")
+    args = {
+        "train": ["train", "--data", str(tiny_data), "--out", str(out), "max_iters=1"],
+        "demo": ["demo", "--out", str(out)],
+        "prepare": ["prepare", "--corpus", str(out), "--out", str(out)],
+        "import-nanogpt": ["import-nanogpt", "ckpt.pt", "--out", str(out)],
+    }[command]
+    p = attnlab(*args)
+    assert error_line(p, command) == f"{out} exists and is not a folder; choose another --out"
+    assert out.read_text() == "notes" and sorted(tmp_path.iterdir()) == [out]

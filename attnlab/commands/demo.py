@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnlab.train.spec import RunSpec
+
+DEMO_MARKER = ".attnlab-demo"  # marks a folder `attnlab demo` wrote and may therefore replace
 
 # shakespeare-char (the kv-bias seed's vanilla model) on a schedule that fits a 2-core laptop
 DEMO_OVERRIDES = dict(
@@ -21,7 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="prepare the embedded corpus, train a small model, sample"
     )
     p.add_argument(
-        "--out", default="runs/demo", help="run folder (default runs/demo; replaced if it exists)"
+        "--out",
+        default="runs/demo",
+        help="run folder (default runs/demo); a previous demo run there is replaced, "
+        "anything else is refused",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --out even if it is not a demo run"
     )
     p.add_argument("--preset", default="shakespeare-char")
     p.add_argument(
@@ -30,24 +43,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def is_demo_run(folder: Path) -> bool:
+    """True for a folder this command wrote (it carries the DEMO_MARKER file)."""
+    return (folder / DEMO_MARKER).is_file()
+
+
 def run(args: argparse.Namespace) -> int:
-    import shutil
     import time
-    from pathlib import Path
+
+    from attnlab.fsutil import replace_folder
+    from attnlab.train.spec import resolve
+
+    out = Path(args.out).expanduser()
+    overrides = [f"{k}={v}" for k, v in DEMO_OVERRIDES.items()] + list(args.overrides)
+    spec = resolve(args.preset, overrides=overrides)  # every argument is checked before any write
+    started = time.perf_counter()
+    # trained beside --out and swapped in at the end: a failed demo leaves the previous one
+    with replace_folder(out, "demo run", args.overwrite, is_demo_run) as tmp:
+        (tmp / DEMO_MARKER).write_text("written by `attnlab demo`, which may replace this folder\n")
+        train_and_sample(tmp, spec, args.preset, started)
+    print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")
+    return 0
+
+
+def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) -> None:
+    """Train the demo model in ``run_dir``, printing what the README promises."""
+    import time
 
     import torch
 
-    from attnlab.train.spec import resolve
     from attnlab.train.trainer import Trainer
 
-    out = Path(args.out)
-    if (out / "config.json").is_file():
-        shutil.rmtree(out)  # the demo always starts fresh; real runs refuse to overwrite
-    overrides = [f"{k}={v}" for k, v in DEMO_OVERRIDES.items()] + list(args.overrides)
-    spec = resolve(args.preset, overrides=overrides)
-    started = time.perf_counter()
     trainer = Trainer(
-        out, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
+        run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
     params = trainer.model.get_num_params()
     data = trainer.data.meta
@@ -55,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         f"data: {data['train_tokens']:,} train / {data['val_tokens']:,} val tokens, "
         f"vocab {data['vocab_size']} ({trainer.data.dir})"
     )
-    print(f"model: {args.preset}, {params / 1e6:.2f}M parameters, on {trainer.device}")
+    print(f"model: {preset}, {params / 1e6:.2f}M parameters, on {trainer.device}")
     before = trainer.evaluate()
     print(f"val loss before training: {before:.4f}")
     summary = trainer.run()
@@ -71,5 +99,3 @@ def run(args: argparse.Namespace) -> int:
     print(
         "sample:\n" + "-" * 60 + trainer.data.tokenizer.decode(sample[0].tolist()) + "\n" + "-" * 60
     )
-    print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")
-    return 0

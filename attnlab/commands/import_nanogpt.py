@@ -40,16 +40,23 @@ def read_meta(path: str | Path):
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise AttnlabError(f"{path} refused: not a plain char meta.pkl ({e})") from None
     itos = meta.get("itos") if isinstance(meta, dict) else None
-    if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))):
+    if (
+        not isinstance(itos, dict)
+        or not all(type(i) is int for i in itos)
+        or sorted(itos) != list(range(len(itos)))
+    ):
         raise AttnlabError(f"{path}: expected a dict with 'itos' mapping ids 0..n-1 to characters")
     if meta.get("vocab_size", len(itos)) != len(itos):
         raise AttnlabError(
-            f"{path}: vocab_size={meta['vocab_size']} but itos has {len(itos)} entries"
+            f"{path}: vocab_size={meta['vocab_size']!r} but itos has {len(itos)} entries"
         )
     stoi = meta.get("stoi", {})
-    if any(stoi.get(c, i) != i for i, c in itos.items()):
+    if not isinstance(stoi, dict) or any(stoi.get(c, i) != i for i, c in itos.items()):
         raise AttnlabError(f"{path}: stoi and itos disagree")
-    return Tokenizer.from_chars([itos[i] for i in range(len(itos))])
+    try:
+        return Tokenizer.from_chars([itos[i] for i in range(len(itos))])
+    except AttnlabError as e:  # e.g. an itos entry that is not one character
+        raise AttnlabError(f"{path}: {e}") from None
 
 
 def nanogpt_weights(sd: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -64,12 +71,24 @@ def nanogpt_weights(sd: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return sd, tied
 
 
-def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | None = None):
-    """Write ``out`` as a model folder; returns the loaded (model, tokenizer or None)."""
+def import_nanogpt(
+    ckpt_path: str | Path,
+    out: str | Path,
+    meta: str | Path | None = None,
+    overwrite: bool = False,
+):
+    """Write ``out`` as a model folder; returns the loaded (model, tokenizer or None).
+
+    A non-empty ``out`` is refused unless ``overwrite``; then the new folder is swapped in whole.
+    """
+    from torch import is_tensor
+
     from attnlab.config import ModelConfig
+    from attnlab.fsutil import refuse_foreign, replace_folder
     from attnlab.model import GPT
     from attnlab.train.checkpoint import load_weights_strict, safe_torch_load, write_model_folder
 
+    refuse_foreign(Path(out), "model folder", overwrite)  # before the slow part
     saved = safe_torch_load(ckpt_path)
     if (
         not isinstance(saved, dict)
@@ -78,6 +97,11 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | No
     ):
         raise AttnlabError(
             f"{ckpt_path} is not a nanoGPT checkpoint (no 'model' and 'model_args' dicts)"
+        )
+    odd = [repr(k) for k, v in saved["model"].items() if not isinstance(k, str) or not is_tensor(v)]
+    if odd:
+        raise AttnlabError(
+            f"{ckpt_path}: 'model' must map parameter names to tensors; not: {', '.join(odd[:5])}"
         )
     sd, tied = nanogpt_weights(saved["model"])
     try:
@@ -91,9 +115,8 @@ def import_nanogpt(ckpt_path: str | Path, out: str | Path, meta: str | Path | No
         )
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too
     load_weights_strict(model, sd, str(ckpt_path))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_model_folder(out, model, tokenizer)
+    with replace_folder(out, "model folder", overwrite) as tmp:
+        write_model_folder(tmp, model, tokenizer)
     return model.eval(), tokenizer
 
 
@@ -106,11 +129,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--meta", metavar="meta.pkl", help="nanoGPT's char vocabulary, becomes tokenizer.json"
     )
     p.add_argument("--out", required=True, metavar="DIR", help="model folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    model, tokenizer = import_nanogpt(args.ckpt, args.out, args.meta)
+    model, tokenizer = import_nanogpt(args.ckpt, args.out, args.meta, args.overwrite)
     cfg = model.config
     note = f", {tokenizer.vocab_size}-char tokenizer" if tokenizer is not None else ", no tokenizer"
     print(

@@ -35,7 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="output folder (default for the embedded corpus: $ATTNLAB_HOME/data/shakespeare-...)",
+        help="output folder (default for the embedded corpus: $ATTNLAB_HOME/data/shakespeare-...); "
+        "a prepared folder there is replaced, anything else is refused",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --out even if it is not a data folder"
     )
     p.set_defaults(func=run)
 
@@ -43,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.data.prepare import META_FILE, prepare
 
-    out = prepare(args.corpus, args.tokenizer, args.vocab_size, args.out, args.val_fraction)
+    out = prepare(
+        args.corpus, args.tokenizer, args.vocab_size, args.out, args.val_fraction, args.overwrite
+    )
     meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
     n_docs = len(meta["provenance"]["documents"])
     print(

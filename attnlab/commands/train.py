@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnlab.train.spec import RunSpec
+    from attnlab.train.trainer import Trainer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", help="run folder to create")
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out: the new run is trained beside it and swapped in at the end",
+    )
+    p.add_argument(
         "--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint"
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any model or training field")
@@ -28,13 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from attnlab.config import split_overrides
     from attnlab.errors import AttnlabError
+    from attnlab.fsutil import refuse_foreign, replace_folder
+    from attnlab.rundir import is_run_folder
     from attnlab.train.spec import resolve
     from attnlab.train.trainer import Trainer
 
+    if args.resume and args.overwrite:
+        raise AttnlabError("--overwrite starts a new run; it does not combine with --resume")
     if args.resume:
         if (Path(args.resume) / "sft_data" / "sft.json").is_file():
             raise AttnlabError(
@@ -47,11 +62,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.out:
             raise AttnlabError("--out RUN is required (or --resume RUN)")
+        out = Path(args.out).expanduser()
+        # a run folder killed before its first checkpoint may be started again
+        replace = refuse_foreign(out, "run folder", args.overwrite, is_run_folder)
         spec = resolve(args.preset, args.config, args.overrides, args.data)
-        trainer = Trainer(
-            args.out, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
-        )
+        if args.overwrite and replace:
+            if os.environ.get("WORLD_SIZE", "1") != "1":
+                raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
+            with replace_folder(out, "run folder", overwrite=True) as tmp:
+                status = run_to_end(new_trainer(tmp, spec))
+            print(f"replaced {out} with the new run", file=sys.stderr)
+            return status
+        trainer = new_trainer(out, spec)
     return run_to_end(trainer)
+
+
+def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
+    from attnlab.train.trainer import Trainer
+
+    return Trainer(
+        run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
+    )
 
 
 def run_to_end(trainer) -> int:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from attnlab.data.corpus import EMBEDDED, load_corpus
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import replace_folder
 
 DEFAULT_BPE_VOCAB = 16384
 META_FILE = "meta.json"
@@ -59,18 +58,9 @@ def default_data_dir(tokenizer: str = "char", vocab_size: int | None = None) -> 
     return attnlab_home() / "data" / name
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out``, replacing a previously prepared folder there."""
-    if out.exists():
-        # Deleting a folder is only safe if it is one of ours.
-        if not (out / META_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
-            raise AttnlabError(f"{out}: exists and is not a prepared data folder; not replacing it")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
+def is_data_folder(folder: Path) -> bool:
+    """True for a folder ``prepare`` wrote (it has a meta.json), which it may replace."""
+    return (folder / META_FILE).is_file()
 
 
 def prepare(
@@ -79,26 +69,27 @@ def prepare(
     vocab_size: int | None = None,
     out: str | Path | None = None,
     val_fraction: float = 0.1,
+    overwrite: bool = False,
 ) -> Path:
-    """Load, split, tokenize and write ``sources`` into the folder ``out``; return ``out``."""
+    """Load, split, tokenize and write ``sources`` into the folder ``out``; return ``out``.
+
+    A prepared folder at ``out`` is replaced; any other non-empty folder only with ``overwrite``.
+    """
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
     if out is None:
         if sources and list(sources) != [EMBEDDED]:
             raise AttnlabError("preparing a custom corpus needs an output folder (--out)")
         out = default_data_dir(tokenizer, vocab_size)
     out = Path(out).expanduser()
-    corpus = load_corpus(sources, val_fraction)
-    if bpe_vocab is None:
-        tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
-    elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
-        tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab)
-    else:
-        tok = Tokenizer.train_bpe(corpus.train_text, bpe_vocab, alphabet=corpus.val_text)
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the data folder is meant to be shared
-    try:
+    # written beside ``out`` and swapped in: a reader never sees a half-written dataset
+    with replace_folder(out, "prepared data folder", overwrite, is_data_folder) as tmp:
+        corpus = load_corpus(sources, val_fraction)
+        if bpe_vocab is None:
+            tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
+        elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
+            tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab)
+        else:
+            tok = Tokenizer.train_bpe(corpus.train_text, bpe_vocab, alphabet=corpus.val_text)
         counts = {}
         for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
             ids = tok.encode(text)
@@ -108,9 +99,6 @@ def prepare(
         meta = {"vocab_size": tok.vocab_size, "dtype": dtype, **counts, "tokenizer": tok.kind}
         meta["provenance"] = corpus.provenance
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        _replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # a no-op once renamed into place
     return out
 
 
