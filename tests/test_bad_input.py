@@ -194,3 +194,19 @@ def test_resume_of_a_folder_that_is_not_a_run(attnlab, model_dir: Path, tmp_path
         f"cannot resume {model_dir}: its config.json is not a run's "
         "(a model folder? resume the run folder above it)"
     )
+
+
+@pytest.mark.parametrize("name", ["../../../x", "a/b", "..", ".hidden", "a\\b", "c:x", ""])
+def test_study_variant_names_cannot_escape_out(attnlab, tmp_path: Path, name):
+    from test_folder_safety import snapshot
+
+    spec = tmp_path / "study.toml"
+    spec.write_text(
+        f'[variants.{json.dumps(name)}]\npreset = "shakespeare-char"\n[scale.ci]\nseeds = 1\n'
+    )
+    before = snapshot(tmp_path.parent)
+    p = attnlab("study", str(spec), "--preset", "ci", "--out", str(tmp_path / "out"))
+    assert error_line(p, "study") == (
+        f"{spec}: variant name {name!r} cannot be a folder name (no '/', '\\', ':' or leading '.')"
+    )
+    assert snapshot(tmp_path.parent) == before

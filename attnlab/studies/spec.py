@@ -154,6 +154,14 @@ def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> N
             raise AttnlabError(f"{where}: " + unknown_key_message(key, list(allowed), "study"))
 
 
+def _check_path_name(name: str, what: str) -> None:
+    """Variant names become folders under --out: no separators, no '..', nothing hidden."""
+    if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
+        raise AttnlabError(
+            f"{what} name {name!r} cannot be a folder name (no '/', '\\', ':' or leading '.')"
+        )
+
+
 def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
     """Validate a study table (as read from TOML) into a StudySpec."""
     where = source or "study spec"
@@ -167,6 +175,7 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         )
     variants: dict[str, Variant] = {}
     for name, v in _table(data, "variants", where).items():
+        _check_path_name(name, f"{where}: variant")
         _check_keys(
             v, ("preset", "description", "model", "train", "reference"), f"{where} variant {name}"
         )
