@@ -85,3 +85,70 @@ def test_presets_print_recipes_that_parse_back(capsys: pytest.CaptureFixture) ->
         assert data == f"  data:  {expected or 'the embedded corpus, char-level'}"
     assert main(["presets", "gba-lm-fair"]) == 0
     assert capsys.readouterr().out.startswith("gba-lm-fair: ")
+
+
+def _trainer(run_dir, data, quiet: bool = True, **train):
+    from conftest import tiny_model, tiny_train
+
+    from attnlab.train.trainer import Trainer
+
+    return Trainer(run_dir, tiny_model(), tiny_train(**train), data, quiet=quiet)
+
+
+def test_describe_names_data_model_device_and_schedule(tmp_path, tiny_data) -> None:
+    import json
+
+    import torch
+
+    trainer = _trainer(tmp_path / "run", tiny_data, gradient_accumulation_steps=2, max_seconds=60)
+    data, model, device, schedule = trainer.describe("tiny")
+    meta = json.loads((tiny_data / "meta.json").read_text())
+    assert data == (
+        f"data:     {tiny_data}: {meta['train_tokens']:,} train / {meta['val_tokens']:,} val "
+        f"tokens, vocab {meta['vocab_size']} (char tokenizer)"
+    )
+    n = trainer.model.get_num_params(non_embedding=False)
+    assert model.startswith(f"model:    tiny: {n / 1e3:.1f}K parameters, 2 layers x 32 wide")
+    assert f"{trainer.model.flops_per_token() / 1e3:.1f}K FLOPs per token" in model
+    assert device == f"device:   cpu, {torch.get_num_threads()} threads, float32"
+    assert schedule == (
+        "schedule: 30 iters, lr 0.003, warmup 5, cosine decay to 0.0003 at 30; batch 8 x 2 accum "
+        "x 32 = 512 tokens per step; eval every 10 on 4 batches; stop after 60 s"
+    )
+
+
+def test_progress_lines_off_a_terminal(tmp_path, tiny_data, capsys, monkeypatch) -> None:
+    """One line per log_interval and per evaluation (val loss included), and compile notes."""
+    import torch
+
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # the notes, not the compiler
+    trainer = _trainer(tmp_path / "run", tiny_data, quiet=False, max_iters=12, compile=True)
+    trainer.run()
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert [line.split(" | ")[0] for line in lines] == [f"iter {i}/12" for i in (0, 5, 10, 12)]
+    assert lines[0].startswith("iter 0/12 | val_loss ") and "train_loss" not in lines[0]
+    assert "val_loss" not in lines[1] and "tokens_per_s" in lines[1]
+    assert "train_loss" in lines[2] and "val_loss" in lines[2]  # iters 10: log and eval
+    assert "compiling the model (torch.compile)" in err and "compiled in " in err
+
+
+def test_progress_bar_keeps_the_latest_val_loss(monkeypatch) -> None:
+    import io
+
+    from attnlab.train.trainer import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr("sys.stderr", screen)
+    bar = Progress("run", 100, 0, enabled=True)
+    bar.show({"iter": 0, "val_loss": 4.25, "lr": 1e-4})
+    bar.update(10)
+    bar.show({"iter": 10, "train_loss": 3.5, "lr": 1e-3, "tokens_per_s": 1234.4})
+    bar.close()
+    last = screen.getvalue().split("\r")[-1]
+    assert "loss=3.5000" in last and "val=4.2500" in last
+    assert "lr=1.00e-03" in last and "tok/s=1234" in last

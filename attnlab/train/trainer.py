@@ -40,6 +40,24 @@ METRIC_COLUMNS = [
 ]
 
 
+def _count(n: float) -> str:
+    """12.35M, 436.97M, 1.50B, 30.5K: three or four significant figures."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}" if scale > 1e3 else f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def describe_device(device: torch.device, amp_dtype: torch.dtype | None) -> str:
+    """e.g. "cpu, 2 threads, float32" or "cuda:0 (NVIDIA H200), bfloat16 autocast"."""
+    if device.type == "cuda":
+        where = f"{device} ({torch.cuda.get_device_name(device)})"
+    else:
+        where = f"{device}, {torch.get_num_threads()} threads"
+    precision = f"{str(amp_dtype).removeprefix('torch.')} autocast" if amp_dtype else "float32"
+    return f"{where}, {precision}"
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Versions, device, git commit and command line, for env.json."""
     import numpy
@@ -206,6 +224,7 @@ class Trainer:
 
         self.optimizer = make_optimizer()
         self.sampler, self.val_batches = (batches or Trainer.token_batches)(self)
+        self.batches_vary = batches is not None  # e.g. SFT examples padded per batch
         self.state = TrainState()
         self.amp_dtype = autocast_dtype(train_config.dtype, self.device)
         self.scaler = torch.amp.GradScaler(
@@ -322,6 +341,46 @@ class Trainer:
             self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state
         )
 
+    # --- what the run is ----------------------------------------------------------------------
+    def describe(self, model_name: str) -> list[str]:
+        """The lines `train`, `sft` and `demo` print first: data, model, device and schedule."""
+        meta, cfg, mc = self.data.meta, self.cfg, self.model_config
+        lines = [
+            f"data:     {self.data.dir}: {meta['train_tokens']:,} train / "
+            f"{meta['val_tokens']:,} val tokens, vocab {meta['vocab_size']:,} "
+            f"({meta.get('tokenizer', 'char')} tokenizer)",
+            f"model:    {model_name}: {_count(self.model.get_num_params(non_embedding=False))} "
+            f"parameters, {mc.n_layer} layers x {mc.n_embd} wide, block {mc.block_size}, "
+            f"{_count(self.model.flops_per_token())} FLOPs per token (training)",
+            f"device:   {describe_device(self.device, self.amp_dtype)}"
+            + (f", {self.dist.world_size} processes" if self.dist.enabled else "")
+            + (", torch.compile" if cfg.compile else ""),
+        ]
+        decay = cfg.lr_decay_iters or cfg.max_iters
+        lrs = (
+            f"lr {cfg.learning_rate:g}, warmup {cfg.warmup_iters}, cosine decay to "
+            f"{cfg.min_lr:g} at {decay}"
+            if cfg.decay_lr
+            else f"lr {cfg.learning_rate:g} constant"
+        )
+        per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.dist.world_size
+        lines.append(
+            f"schedule: {cfg.max_iters:,} iters, {lrs}; batch {cfg.batch_size}"
+            + (
+                f" x {cfg.gradient_accumulation_steps} accum"
+                if cfg.gradient_accumulation_steps > 1
+                else ""
+            )
+            + (f" x {self.dist.world_size} ranks" if self.dist.enabled else "")
+            + f" x {mc.block_size} = {per_step * mc.block_size:,} tokens per step"
+            + (" (at most: examples are padded to the longest)" if self.batches_vary else "")
+            + f"; eval every {cfg.eval_interval} on {len(self.val_batches)} batches"
+            + (f"; stop after {cfg.max_seconds:g} s" if cfg.max_seconds else "")
+        )
+        if self.state.iter:
+            lines.append(f"resuming at iter {self.state.iter:,} of {cfg.max_iters:,}")
+        return lines
+
     # --- evaluation -------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -341,19 +400,6 @@ class Trainer:
         return float(distributed.all_reduce_mean(total / len(self.val_batches), self.dist))
 
     # --- the loop ---------------------------------------------------------------------------
-    def _progress(self) -> Any:
-        from tqdm import tqdm
-
-        interactive = sys.stderr.isatty() and self.dist.is_main and not self.quiet
-        return tqdm(
-            total=self.cfg.max_iters,
-            initial=self.state.iter,
-            disable=not interactive,
-            unit="it",
-            dynamic_ncols=True,
-            desc=self.run_dir.name,
-        )
-
     def _step(
         self, want_stats: bool
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
@@ -397,12 +443,20 @@ class Trainer:
         )
         if log is not None:
             log.truncate_after(st.iter)
+        bar = Progress(
+            self.run_dir.name, cfg.max_iters, st.iter, self.dist.is_main and not self.quiet
+        )
         if st.iter == 0 and not st.history:  # every rank evaluates: it is a collective under DDP
             val = self.evaluate()
             st.history.append({"iter": 0, "val_loss": val})
             if log is not None:
                 log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
-        bar = self._progress()
+            bar.show({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
+        elif st.history:  # resumed: the bar starts with the latest val loss
+            bar.show(st.history[-1], print_line=False)
+        compiling = cfg.compile and st.iter < stop_at
+        if compiling:
+            bar.note("compiling the model (torch.compile): the first step takes longer")
         window_loss, window_steps, window_tokens = 0.0, 0, 0
         window_t0 = time.perf_counter()
         ckpt_every = cfg.ckpt_interval or cfg.eval_interval
@@ -414,6 +468,9 @@ class Trainer:
                     group["lr"] = lr
                 want_stats = (st.iter + 1) % cfg.log_interval == 0
                 loss, norm, stats, positions = self._step(want_stats)
+                if compiling:
+                    bar.note(f"compiled in {time.perf_counter() - t0:.1f} s (the first step)")
+                    compiling = False
                 if not self._finite_or_skip(loss, norm):
                     continue
                 self.scaler.step(self.optimizer)
@@ -441,11 +498,6 @@ class Trainer:
                         "grad_norm": float(norm),
                         **{k: float(v) for k, v in stats.items()},
                     }
-                    bar.set_postfix(
-                        loss=f"{row['train_loss']:.4f}",
-                        lr=f"{lr:.2e}",
-                        tok_s=f"{row['tokens_per_s']:.0f}",
-                    )
                     window_loss, window_steps, window_tokens = 0.0, 0, 0
                     window_t0 = time.perf_counter()
                 # a run stopped by max_seconds ends with an eval too: its summary stays current
@@ -456,10 +508,10 @@ class Trainer:
                     if row["val_loss"] < st.best_val:
                         st.best_val = row["val_loss"]
                         self.save("best")
-                if row is not None and log is not None:
-                    log.write(row)
-                    if bar.disable and not self.quiet:
-                        print(_log_line(row, cfg.max_iters), flush=True)
+                if row is not None:
+                    bar.show(row)
+                    if log is not None:
+                        log.write(row)
                 if st.iter % ckpt_every == 0 or is_last:
                     self.save("latest")
                 if out_of_time:
@@ -514,14 +566,58 @@ class Trainer:
         distributed.teardown(self.dist)
 
 
-def _log_line(row: dict[str, Any], max_iters: int) -> str:
+# metrics shown while training: (metrics.csv column, progress-bar name, format)
+SHOWN = (
+    ("train_loss", "loss", ".4f"),
+    ("val_loss", "val", ".4f"),
+    ("lr", "lr", ".2e"),
+    ("tokens_per_s", "tok/s", ".0f"),
+)
+
+
+class Progress:
+    """A tqdm bar on a terminal (train loss, latest val loss, lr, tokens/s), else plain lines.
+
+    Off a terminal every row shown is one line on stdout: one per log_interval and one per
+    evaluation. Nothing at all when ``enabled`` is False (quiet trainers, ranks other than 0).
+    """
+
+    def __init__(self, name: str, total: int, initial: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.total, self.enabled, self.postfix = total, enabled, {}
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            disable=not (enabled and sys.stderr.isatty()),
+            unit="it",
+            dynamic_ncols=True,
+            desc=name,
+        )
+
+    def show(self, row: dict[str, Any], print_line: bool = True) -> None:
+        """Put the row's metrics on the bar, keeping the others' latest values (the val loss)."""
+        for key, name, fmt in SHOWN:
+            if row.get(key) is not None:
+                self.postfix[name] = f"{row[key]:{fmt}}"
+        self.bar.set_postfix(self.postfix)
+        if self.enabled and self.bar.disable and print_line:
+            print(log_line(row, self.total), flush=True)
+
+    def note(self, message: str) -> None:
+        """A message on stderr that does not break the bar."""
+        if self.enabled:
+            self.bar.write(message, file=sys.stderr)
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def log_line(row: dict[str, Any], max_iters: int) -> str:
+    """e.g. "iter 250/5000 | train_loss 1.8123 | val_loss 1.9034 | lr 9.50e-04 | tokens_per_s 81234"."""
     parts = [f"iter {row['iter']}/{max_iters}"]
-    for key, fmt in (
-        ("train_loss", ".4f"),
-        ("val_loss", ".4f"),
-        ("lr", ".2e"),
-        ("tokens_per_s", ".0f"),
-    ):
-        if row.get(key) is not None:
-            parts.append(f"{key} {row[key]:{fmt}}")
+    parts += [f"{key} {row[key]:{fmt}}" for key, _, fmt in SHOWN if row.get(key) is not None]
     return " | ".join(parts)
