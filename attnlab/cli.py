@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (AttnlabError, FileNotFoundError, UnicodeDecodeError, ValueError) as e:
+    except AttnlabError as e:  # anything else is a bug: let its traceback show
         if args.debug:
             raise
         print(f"attnlab {args.command}: error: {e}", file=sys.stderr)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 
 C = TypeVar("C", bound="_Serialisable")
 
@@ -65,7 +65,7 @@ class _Serialisable:
             raise AttnlabError(f"config {path} must hold a JSON object, not {type(data).__name__}")
         try:
             return cls.from_dict(data)
-        except (AttnlabError, ValueError) as e:  # name the file: it may come from a stranger
+        except AttnlabError as e:  # name the file: it may come from a stranger
             raise AttnlabError(f"{path}: {e}") from None
 
     def replace(self: C, **overrides: Any) -> C:
@@ -81,13 +81,13 @@ class _Serialisable:
                 continue
             ok = any(_is_kind(value, k) for k in kinds)
             if not ok:
-                raise ValueError(f"{f.name}={value!r} must be of type {f.type}")
+                raise ConfigError(f"{f.name}={value!r} must be of type {f.type}")
 
     def _check_choice(self, name: str) -> None:
         value = getattr(self, name)
         allowed = CHOICES[name]
         if value not in allowed:
-            raise ValueError(
+            raise ConfigError(
                 f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
             )
 
@@ -98,7 +98,7 @@ class _Serialisable:
                 continue
             if value < 0 or (value == 0 and not allow_zero):
                 bound = ">= 0" if allow_zero else "> 0"
-                raise ValueError(f"{name}={value!r} must be {bound}")
+                raise ConfigError(f"{name}={value!r} must be {bound}")
 
 
 def _is_kind(value: Any, kind: str) -> bool:
@@ -174,23 +174,23 @@ class ModelConfig(_Serialisable):
         ):
             self._check_choice(name)
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+            raise ConfigError(f"dropout={self.dropout!r} must be in [0, 1)")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+            raise ConfigError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_kv_head is not None and self.n_head % self.n_kv_head:
-            raise ValueError(
+            raise ConfigError(
                 f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}"
             )
         if self.pos == "rope" and self.head_dim % 2:
-            raise ValueError(
+            raise ConfigError(
                 f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}"
             )
         if self.m_gate_detached and not self.use_m_gate:
-            raise ValueError("m_gate_detached=True needs use_m_gate=True")
+            raise ConfigError("m_gate_detached=True needs use_m_gate=True")
         if self.m_inject != "kv" and not self.use_m_gate:
-            raise ValueError(f"m_inject={self.m_inject!r} needs use_m_gate=True")
+            raise ConfigError(f"m_inject={self.m_inject!r} needs use_m_gate=True")
         if self.boost_gate == "mlp" and self.twicing and self.boost_rounds > 1:
-            raise ValueError(
+            raise ConfigError(
                 "boost_gate='mlp' reads the entropy of softmax weights; it does not "
                 "compose with twicing=True (2A - A^2 rows can be negative)"
             )
@@ -297,9 +297,9 @@ class TrainConfig(_Serialisable):
         self._check_choice("dtype")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
         if self.min_lr > self.learning_rate:
-            raise ValueError(
+            raise ConfigError(
                 f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
             )
 

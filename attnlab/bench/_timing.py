@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnlab.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -80,7 +82,7 @@ def interleaved(
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(variants)}")
     if reps < 1:
-        raise ValueError(f"reps={reps} must be >= 1")
+        raise ConfigError(f"--reps {reps} must be >= 1")
     names = list(variants)
     for _ in range(warmup):
         for fn in variants.values():
