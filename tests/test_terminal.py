@@ -152,3 +152,49 @@ def test_progress_bar_keeps_the_latest_val_loss(monkeypatch) -> None:
     last = screen.getvalue().split("\r")[-1]
     assert "loss=3.5000" in last and "val=4.2500" in last
     assert "lr=1.00e-03" in last and "tok/s=1234" in last
+
+
+TINY = [
+    "n_layer=2",
+    "n_head=2",
+    "n_embd=32",
+    "block_size=32",
+    "batch_size=4",
+    "eval_iters=2",
+    "eval_interval=2",
+    "log_interval=2",
+    "device=cpu",
+    "tensorboard=false",
+]
+
+
+def test_train_and_sft_print_what_they_run(tmp_path, tiny_data, capsys) -> None:
+    """train and sft start with demo's summary: data, model, device, resolved schedule."""
+    import json
+
+    from attnlab.cli import main
+
+    args = ["train", "--data", str(tiny_data), "--out", str(tmp_path / "pre"), *TINY]
+    assert main([*args, "max_iters=4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"data:     {tiny_data}: ")
+    assert lines[1].startswith("model:    shakespeare-char: ")  # the default preset
+    assert lines[2].startswith("device:   cpu, ")
+    # the preset decays over 3000 iters and warms up over 100: the summary says what that means
+    assert lines[3].startswith("schedule: 4 iters, lr 0.001, warmup 100, cosine decay to 0.0001 at")
+    last_lr = 1e-3 * 4 / 101  # step 3 of the linear warmup: lr * (it + 1) / (warmup + 1)
+    assert f"beyond max_iters: the last step's lr is {last_lr:.3g}" in lines[3]
+    assert "batch 4 x 32 = 128 tokens per step" in lines[3]
+    assert lines[4].startswith("iter 0/4 | val_loss ")
+
+    records = tmp_path / "pairs.jsonl"
+    pair = {"prompt": "Who art thou?", "response": "A friend."}
+    records.write_text("".join(json.dumps(pair) + "\n" for _ in range(30)))
+    over = ["max_iters=2", "eval_interval=2", "eval_iters=1", "batch_size=2", "log_interval=1"]
+    sft_args = ["sft", str(tmp_path / "pre"), "--out", str(tmp_path / "sft"), "--data"]
+    assert main([*sft_args, str(records), *over]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"data:     {(tmp_path / 'sft' / 'sft_data').resolve()}: ")
+    assert lines[1].startswith(f"model:    {tmp_path / 'pre'} (fine-tuned): ")
+    assert lines[3].startswith("schedule: 2 iters, lr 0.0001, warmup 20")
+    assert "x 32 = 64 tokens per step (at most: examples are padded to the longest)" in lines[3]

@@ -77,13 +77,7 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
     trainer = Trainer(
         run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
-    params = trainer.model.get_num_params()
-    data = trainer.data.meta
-    print(
-        f"data: {data['train_tokens']:,} train / {data['val_tokens']:,} val tokens, "
-        f"vocab {data['vocab_size']} ({trainer.data.dir})"
-    )
-    print(f"model: {preset}, {params / 1e6:.2f}M parameters, on {trainer.device}")
+    print("\n".join(trainer.describe(preset)))
     before = trainer.evaluate()
     print(f"val loss before training: {before:.4f}")
     summary = trainer.run()

@@ -62,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if sources:
             raise AttnlabError(f"--resume takes no RUN argument (got {', '.join(sources)})")
-        trainer = sft.resume(args.resume, overrides)
+        trainer, name = sft.resume(args.resume, overrides), f"{args.resume} (resumed)"
     else:
         if len(sources) != 1 or not args.out:
             raise AttnlabError("give one pretrained RUN and --out RUN2 (or --resume RUN2)")
         trainer = sft.start(sources[0], args.out, args.data, args.chat, overrides)
-    return run_to_end(trainer)
+        name = f"{sources[0]} (fine-tuned)"
+    return run_to_end(trainer, name)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if model_over:
             raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
         trainer = Trainer(args.resume, resume=True, resume_overrides=train_over)
+        name = f"{args.resume} (resumed)"
     else:
         if not args.out:
             raise AttnlabError("--out RUN is required (or --resume RUN)")
@@ -70,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
             if os.environ.get("WORLD_SIZE", "1") != "1":
                 raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
             with replace_folder(out, "run folder", overwrite=True) as tmp:
-                status = run_to_end(new_trainer(tmp, spec))
+                status = run_to_end(new_trainer(tmp, spec), spec.preset)
             print(f"replaced {out} with the new run", file=sys.stderr)
             return status
-        trainer = new_trainer(out, spec)
-    return run_to_end(trainer)
+        trainer, name = new_trainer(out, spec), spec.preset
+    return run_to_end(trainer, name)
 
 
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
@@ -85,8 +86,10 @@ def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
     )
 
 
-def run_to_end(trainer) -> int:
-    """Train, leave the process group, and print the summary (once, from rank 0)."""
+def run_to_end(trainer: Trainer, model_name: str) -> int:
+    """Say what is trained, train, leave the process group, print the summary (from rank 0)."""
+    if trainer.dist.is_main:
+        print("\n".join(trainer.describe(model_name)), flush=True)
     try:
         summary = trainer.run()
     finally:

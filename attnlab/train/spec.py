@@ -29,6 +29,7 @@ class RunSpec:
     train: TrainConfig
     data_dir: Path | None  # None: the embedded char corpus
     vocab_from_data: bool  # True unless a preset, file or override fixed vocab_size
+    preset: str = DEFAULT_PRESET
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def resolve(
     train = TrainConfig.from_dict({**p.train, **train_over})
     vocab_from_data = "vocab_size" not in p.model and "vocab_size" not in model_over
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
-    return RunSpec(model, train, data_dir, vocab_from_data)
+    return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
 
 
 def default_data_for(data_spec: dict[str, Any]) -> Path | None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import math
 import platform
+import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +29,9 @@ import torch
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import no_space_message
+from attnlab.model.memory import check_fits
+from attnlab.rundir import RunLock
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 
@@ -159,6 +166,9 @@ class TrainState:
     train_seconds: float = 0.0
     tokens: int = 0  # positions trained on, all ranks (SFT batches vary in length)
     history: list[dict[str, float]] = field(default_factory=list)  # (iter, val_loss) of each eval
+    # the train_loss averaging window since the last logged row: metrics.csv survives a resume
+    window_loss: float = 0.0
+    window_steps: int = 0
 
 
 class Trainer:
@@ -188,6 +198,8 @@ class Trainer:
 
         self.run_dir = Path(run_dir)
         self.quiet = quiet
+        self.lock = RunLock(self.run_dir)  # one trainer per run folder, taken before any write
+        self.stop_requested = False  # set by Ctrl-C: stop after the current step
         saved = self._read_run_config() if resume else None
         if saved is not None:
             model_config = ModelConfig.from_dict(saved["model"])
@@ -209,6 +221,7 @@ class Trainer:
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
 
+        check_fits(model_config, self.device, train_config.batch_size)
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
         self.model = GPT(model_config).to(self.device)
         if init_weights is not None and saved is None:
@@ -230,6 +243,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
+        if self.dist.is_main:
+            self.lock.acquire()
         if saved is not None:
             self._load_latest()
         elif self.dist.is_main:
@@ -300,7 +315,9 @@ class Trainer:
     def _start_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
-            raise AttnlabError(f"{self.run_dir} already holds a run; use --resume or another --out")
+            raise AttnlabError(
+                f"{self.run_dir} already holds a run; use --resume, --overwrite or another --out"
+            )
         self._write_run_config()
         ckpt.write_json(self.run_dir / "env.json", environment(self.device))
         (self.run_dir / "metrics.csv").unlink(missing_ok=True)
@@ -311,12 +328,18 @@ class Trainer:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
         saved = ckpt.read_trainer_state(folder)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.sampler.load_state_dict(saved["sampler"])
-        torch.set_rng_state(saved["torch_rng"])
-        if self.device.type == "cuda" and "cuda_rng" in saved:
-            torch.cuda.set_rng_state(saved["cuda_rng"])
-        self.state = TrainState(**saved["state"])
+        try:
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.sampler.load_state_dict(saved["sampler"])
+            torch.set_rng_state(saved["torch_rng"])
+            if self.device.type == "cuda" and "cuda_rng" in saved:
+                torch.cuda.set_rng_state(saved["cuda_rng"])
+            self.state = TrainState(**saved["state"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+            reason = (str(e).splitlines() or [type(e).__name__])[0]
+            raise AttnlabError(
+                f"{folder / ckpt.TRAINER_STATE} does not fit this run ({reason})"
+            ) from None
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
 
@@ -363,6 +386,8 @@ class Trainer:
             if cfg.decay_lr
             else f"lr {cfg.learning_rate:g} constant"
         )
+        if cfg.decay_lr and max(decay, cfg.warmup_iters) > cfg.max_iters:
+            lrs += f" (beyond max_iters: the last step's lr is {cfg.lr_at(cfg.max_iters - 1):.3g})"
         per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.dist.world_size
         lines.append(
             f"schedule: {cfg.max_iters:,} iters, {lrs}; batch {cfg.batch_size}"
@@ -434,6 +459,41 @@ class Trainer:
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
+        if self.dist.is_main:
+            self.lock.acquire()
+        self.stop_requested = False
+        try:
+            with self._stop_on_interrupt():
+                return self._run(until)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise AttnlabError(no_space_message(e.filename or self.run_dir)) from e
+            raise
+        finally:
+            self.lock.release()
+
+    @contextlib.contextmanager
+    def _stop_on_interrupt(self) -> Any:
+        """Ctrl-C stops the loop after the current step (then a checkpoint); a second one at once."""
+        if self.dist.enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum: int, frame: Any) -> None:
+            self.stop_requested = True
+            signal.signal(signal.SIGINT, previous)
+
+        previous = signal.signal(signal.SIGINT, stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def resume_command(self) -> str:
+        sft = (self.run_dir / "sft_data" / "sft.json").is_file()
+        return f"attnlab {'sft' if sft else 'train'} --resume {shlex.quote(str(self.run_dir))}"
+
+    def _run(self, until: int | None) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
         log = (
@@ -457,7 +517,7 @@ class Trainer:
         compiling = cfg.compile and st.iter < stop_at
         if compiling:
             bar.note("compiling the model (torch.compile): the first step takes longer")
-        window_loss, window_steps, window_tokens = 0.0, 0, 0
+        window_tokens, window_timed = 0, 0  # throughput since this process started the window
         window_t0 = time.perf_counter()
         ckpt_every = cfg.ckpt_interval or cfg.eval_interval
         try:
@@ -479,9 +539,10 @@ class Trainer:
                 st.iter += 1
                 st.train_seconds += time.perf_counter() - t0
                 st.tokens += positions
-                window_loss += float(loss)
-                window_steps += 1
+                st.window_loss += float(loss)
+                st.window_steps += 1
                 window_tokens += positions
+                window_timed += 1
                 bar.update(1)
                 out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
                 is_last = st.iter == stop_at or out_of_time
@@ -490,15 +551,16 @@ class Trainer:
                     elapsed = time.perf_counter() - window_t0
                     row = {
                         "iter": st.iter,
-                        "train_loss": window_loss / max(1, window_steps),
+                        "train_loss": st.window_loss / max(1, st.window_steps),
                         "lr": lr,
                         "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                        "step_ms": 1000 * elapsed / max(1, window_steps),
+                        "step_ms": 1000 * elapsed / max(1, window_timed),
                         "elapsed_s": st.train_seconds,
                         "grad_norm": float(norm),
                         **{k: float(v) for k, v in stats.items()},
                     }
-                    window_loss, window_steps, window_tokens = 0.0, 0, 0
+                    st.window_loss, st.window_steps = 0.0, 0
+                    window_tokens, window_timed = 0, 0
                     window_t0 = time.perf_counter()
                 # a run stopped by max_seconds ends with an eval too: its summary stays current
                 if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters or out_of_time:
@@ -512,10 +574,18 @@ class Trainer:
                     bar.show(row)
                     if log is not None:
                         log.write(row)
-                if st.iter % ckpt_every == 0 or is_last:
+                if st.iter % ckpt_every == 0 or is_last or self.stop_requested:
                     self.save("latest")
                 if out_of_time:
                     break
+                if self.stop_requested:
+                    print(
+                        f"interrupted at iter {st.iter}: saved {self.run_dir / 'latest'}; "
+                        f"continue with: {self.resume_command()}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    raise KeyboardInterrupt
         finally:
             bar.close()
             if log is not None:
@@ -534,9 +604,13 @@ class Trainer:
         st.skipped_steps += 1
         what = f"non-finite loss or gradient at iter {st.iter} (loss {float(loss):.4g}, grad norm {float(norm):.4g})"
         if self.cfg.nan_policy == "stop":
-            raise AttnlabError(
-                f"{what}; stopped, the last good checkpoint is {self.run_dir / 'latest'}"
-            )
+            latest = ckpt.checkpoint_dir(self.run_dir / "latest")
+            if latest is None:
+                raise AttnlabError(
+                    f"{what}; stopped before any checkpoint was written: start the run again "
+                    "(a lower learning_rate, or nan_policy=skip, may help)"
+                )
+            raise AttnlabError(f"{what}; stopped, the last good checkpoint is {latest}")
         if st.bad_steps >= self.cfg.max_bad_steps:
             raise AttnlabError(
                 f"{what}; {st.bad_steps} bad steps in a row (max_bad_steps), stopped"
@@ -563,6 +637,7 @@ class Trainer:
         return summary
 
     def close(self) -> None:
+        self.lock.release()
         distributed.teardown(self.dist)
 
 
