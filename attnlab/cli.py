@@ -8,10 +8,12 @@ Heavy imports (torch, matplotlib, onnx) belong inside the command's function, so
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import pkgutil
 import sys
 from types import ModuleType
+from typing import Any
 
 from attnlab.errors import AttnlabError
 
@@ -23,19 +25,63 @@ def register_all(subparsers: argparse._SubParsersAction, package: ModuleType) ->
             importlib.import_module(f"{package.__name__}.{info.name}").register(subparsers)
 
 
+def shows_default(action: argparse.Action) -> bool:
+    """Whether --help should name the default: not for None, switches off, or suppressed ones."""
+    return not any(action.default is v for v in (None, False, argparse.SUPPRESS))
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """--help shows every option's default, unless its help already says it or there is none."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings and shows_default(action):
+            action = copy.copy(action)  # an option without help still shows its default
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and shows_default(action) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Every attnlab parser (sub-commands inherit it) formats help with DefaultsFormatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from attnlab import commands
 
-    parser = argparse.ArgumentParser(prog="attnlab", description=__doc__.splitlines()[0])
+    parser = Parser(prog="attnlab", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_all(sub, commands)
     return parser
 
 
+def config_flags_as_overrides(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+) -> None:
+    """nanoGPT's `--max_iters=10` spelling: for commands that take `key=value` overrides
+    (``overrides_in`` names where), unknown `--key=value` arguments join them as `key=value`.
+    Anything else unknown is argparse's usual error."""
+    dest = getattr(args, "overrides_in", None)
+    flags = [a for a in extra if a.startswith("--") and "=" in a[2:]]
+    if dest is None or len(flags) != len(extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    getattr(args, dest).extend(a[2:] for a in flags)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        config_flags_as_overrides(parser, args, extra)
     try:
         return int(args.func(args) or 0)
     except AttnlabError as e:  # anything else is a bug: let its traceback show

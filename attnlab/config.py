@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.field_help import ALIASES
 
 C = TypeVar("C", bound="_Serialisable")
 
@@ -114,7 +115,10 @@ def _is_kind(value: Any, kind: str) -> bool:
 
 
 def unknown_key_message(key: str, known: list[str], where: str) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
+    """The error for an unknown key, suggesting a close spelling or the field another tool's
+    name for it stands for (``lr`` -> ``learning_rate``)."""
+    alias = ALIASES.get(key.lower())
+    close = [alias] if alias in known else difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {where} key {key!r}{hint}"
 

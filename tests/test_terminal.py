@@ -198,3 +198,174 @@ def test_train_and_sft_print_what_they_run(tmp_path, tiny_data, capsys) -> None:
     assert lines[1].startswith(f"model:    {tmp_path / 'pre'} (fine-tuned): ")
     assert lines[3].startswith("schedule: 2 iters, lr 0.0001, warmup 20")
     assert "x 32 = 64 tokens per step (at most: examples are padded to the longest)" in lines[3]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_data):
+    """A run trained for 4 steps: something to sample from."""
+    run = tmp_path_factory.mktemp("tiny_run") / "run"
+    _trainer(run, tiny_data, max_iters=4, eval_interval=4, eval_iters=1).run()
+    return run
+
+
+def test_sample_streams_tokens_as_they_come(tiny_run, monkeypatch) -> None:
+    import io
+
+    import torch
+
+    from attnlab import from_pretrained
+    from attnlab.cli import main
+    from attnlab.model import generation
+
+    model, tok = from_pretrained(tiny_run)
+    gen = torch.Generator().manual_seed(1337)
+    ids = tok.encode("KING")
+    expected = model.generate(torch.tensor([ids]), 8, temperature=0.8, generator=gen)
+    screen, seen = io.StringIO(), []
+    real_stream = generation.stream
+
+    def watched(*args, **kwargs):
+        for token in real_stream(*args, **kwargs):
+            seen.append(len(screen.getvalue()))  # what was printed before this token came
+            yield token
+
+    monkeypatch.setattr(generation, "stream", watched)
+    monkeypatch.setattr("sys.stdout", screen)
+    assert main(["sample", str(tiny_run), "--prompt", "KING", "--max-new-tokens", "8"]) == 0
+    assert screen.getvalue() == tok.decode(expected[0].tolist()) + "\n"
+    # each token's text is out before the next token is drawn (char level: one char each)
+    assert seen == [len("KING") + i for i in range(8)]
+
+
+def test_sample_prompt_file(tiny_run, tmp_path, capsys) -> None:
+    from attnlab.cli import main
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("ROMEO:\nWhat light", encoding="utf-8")
+    common = ["sample", str(tiny_run), "--max-new-tokens", "5"]
+    assert main([*common, "--prompt-file", str(prompt)]) == 0
+    from_file = capsys.readouterr().out
+    assert main([*common, "--prompt", "ROMEO:\nWhat light"]) == 0
+    assert capsys.readouterr().out == from_file and from_file.startswith("ROMEO:\nWhat light")
+    missing = tmp_path / "missing.txt"
+    assert main([*common, "--prompt-file", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnlab sample: error: --prompt-file {missing}: ")
+    assert len(err.splitlines()) == 1 and not missing.exists()
+
+
+def test_chat_help_lists_commands_and_reaches_no_model(tmp_path, monkeypatch, capsys) -> None:
+    import io
+
+    import torch
+    from conftest import tiny_model
+    from test_chat import _greedy_reply, chat_tokenizer
+
+    from attnlab.cli import main
+    from attnlab.commands.chat import COMMANDS
+    from attnlab.model import GPT
+    from attnlab.train.checkpoint import save_checkpoint
+
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=128)).eval()
+    save_checkpoint(tmp_path / "model", model, tok)
+    first = _greedy_reply(model, tok, [{"role": "user", "content": "who are you?"}], 12)
+    monkeypatch.setattr("sys.stdin", io.StringIO("/help\n/bogus\nwho are you?\n/exit\n"))
+    args = ["chat", str(tmp_path / "model"), "--temperature", "0", "--max-new-tokens", "12"]
+    assert main(args) == 0
+    listing = [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
+    expected = ["commands:", *listing, "unknown command /bogus; the commands are:", *listing]
+    # the reply is the first one of a fresh conversation: neither line went to the model
+    assert capsys.readouterr().out == "\n".join([*expected, first, ""])
+    assert {"/help", "/reset", "/exit"} == set(COMMANDS)
+
+
+def test_nanogpt_style_flags_are_overrides(tmp_path, tiny_data, capsys) -> None:
+    """`--max_iters=3` works like `max_iters=3`; other unknown flags stay argparse errors."""
+    import json
+
+    from attnlab.cli import main
+
+    out = tmp_path / "run"
+    flags = [f"--{pair}" for pair in TINY]
+    assert (
+        main(["train", "--data", str(tiny_data), "--out", str(out), "--max-iters=3", *flags]) == 0
+    )
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["train"]["max_iters"] == 3 and saved["model"]["n_embd"] == 32
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("\n{") :])["iters"] == 3
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["sample", str(out), "--max_iters=3"])  # sample takes no config fields
+    assert (
+        exit_.value.code == 2 and "unrecognized arguments: --max_iters=3" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main(["train", "--out", str(tmp_path / "r2"), "--bogus"])  # not --key=value
+    assert not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [
+        ("lr", "learning_rate"),
+        ("max_steps", "max_iters"),
+        ("n_layers", "n_layer"),
+        ("learning_rat", "learning_rate"),
+        ("d_model", "n_embd"),
+    ],
+)
+def test_did_you_mean_knows_other_tools_names(tmp_path, capsys, key: str, field: str) -> None:
+    from attnlab.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), f"--{key}=1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"attnlab train: error: unknown config key {key!r}; did you mean {field!r}?\n"
+    assert not out.exists()
+
+
+def _all_parsers():
+    import argparse
+
+    from attnlab.cli import build_parser
+
+    def walk(parser, name):
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    yield from walk(child, f"{name} {sub}")
+
+    return list(walk(build_parser(), "attnlab"))
+
+
+def test_every_help_shows_the_defaults() -> None:
+    import argparse
+
+    checked = 0
+    for name, parser in _all_parsers():
+        for action in parser._actions:
+            if not action.option_strings or any(
+                action.default is v for v in (None, False, argparse.SUPPRESS)
+            ):
+                continue
+            entry = parser._get_formatter()._format_action(action)  # its lines in --help
+            assert "default" in entry, f"{name} {action.option_strings}: {entry}"
+            checked += 1
+    assert checked > 40
+    sample = dict(_all_parsers())["attnlab sample"].format_help()
+    assert "(default: 500)" in " ".join(sample.split())  # --max-new-tokens, which had no help
+
+
+def test_sample_compile_says_so(tiny_run, monkeypatch, capsys) -> None:
+    from attnlab.cli import main
+    from attnlab.model import generation
+
+    monkeypatch.setattr(generation, "compile_for_decoding", lambda model: model)
+    assert main(["sample", str(tiny_run), "--compile", "--max-new-tokens", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "compiling the model for decoding (torch.compile) ..."
+    assert err[1].startswith("compiled in ") and err[1].endswith(" s")

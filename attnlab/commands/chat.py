@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import sys
 
-HELP = "type a message; /reset clears the history, /exit quits"
+HELP = "type a message; /help lists the commands"
+COMMANDS = {
+    "/help": "list these commands",
+    "/reset": "forget the conversation so far",
+    "/exit": "quit (so does Ctrl-D)",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,14 +24,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="RUN")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument(
+        "--top-p", type=float, default=0.9, help="sample from the fewest tokens reaching p"
+    )
+    p.add_argument("--top-k", type=int, help="sample from the k most likely only (default: all)")
     p.add_argument(
         "--max-new-tokens", type=int, default=200, help="at most half the context window"
     )
     p.add_argument("--system", help="system message put at the start of every prompt")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
+    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu) or a torch device")
     p.add_argument(
         "--compile", action="store_true", help="torch.compile first: slower start, faster replies"
     )
@@ -35,15 +44,16 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import from_pretrained
+    from attnlab.commands._common import compile_announced, echo_tokens
     from attnlab.data.chat import IM_END, IM_START, fit_history
     from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
-    from attnlab.model.generation import compile_for_decoding, stream
+    from attnlab.model.generation import stream
 
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)
     if args.compile:
-        model = compile_for_decoding(model)
+        model = compile_announced(model)
     stops = {tok.token_to_id(IM_END), tok.token_to_id(IM_START)} if tok is not None else {None}
     if None in stops:
         raise AttnlabError(
@@ -56,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator(device=device).manual_seed(args.seed)
     interactive = sys.stdin.isatty()
     if interactive:
+        line_editing()
         print(f"chatting with {args.model}: {HELP}")
     while True:
         try:
@@ -68,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
             history.clear()
             print("(history cleared)")
             continue
+        if line.startswith("/"):  # /help, or a command that does not exist: not for the model
+            print(command_help(line))
+            continue
         if not line:
             continue
         user = {"role": "user", "content": line}
@@ -78,26 +92,30 @@ def run(args: argparse.Namespace) -> int:
             continue
         if interactive:
             print("model> ", end="", flush=True)
-        reply: list[int] = []
-        shown = ""
-        with torch.no_grad():
-            for nxt in stream(
-                model,
-                torch.tensor([ids], device=device),
-                max_new,
-                args.temperature,
-                args.top_k,
-                args.top_p,
-                eos_token_id=tok.token_to_id(IM_END),
-                generator=gen,
-            ):
-                if int(nxt) in stops:
-                    break
-                reply.append(int(nxt))
-                text = tok.decode(reply)
-                # decode the whole reply (bpe spacing depends on neighbours); print what is new
-                print(text[len(shown) :], end="", flush=True)
-                shown = text
+        tokens = stream(
+            model,
+            torch.tensor([ids], device=device),
+            max_new,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            eos_token_id=tok.token_to_id(IM_END),
+            generator=gen,
+        )
+        reply = echo_tokens(tok, [], (int(t) for t in tokens), stops)
         print(flush=True)
-        history += [user, {"role": "assistant", "content": shown}]
+        history += [user, {"role": "assistant", "content": reply}]
     return 0
+
+
+def command_help(line: str) -> str:
+    """The answer to /help (or to an unknown /command): every command, one per line."""
+    word = line.split()[0]
+    head = "commands:" if word == "/help" else f"unknown command {word}; the commands are:"
+    return "\n".join([head, *(f"  {name:<8} {what}" for name, what in COMMANDS.items())])
+
+
+def line_editing() -> None:
+    """Arrow keys, editing and this session's history for input() (readline, where there is one)."""
+    with contextlib.suppress(ImportError):  # Windows has none
+        importlib.import_module("readline")  # importing it is what turns it on

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="change the demo's model or training"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, overrides_in="overrides")
 
 
 def is_demo_run(folder: Path) -> bool:

@@ -6,16 +6,28 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("sample", help="generate text from a run or model folder")
+    p = subparsers.add_parser(
+        "sample",
+        help="generate text from a run or model folder",
+        description="Print the prompt and its continuation, token by token as they are generated.",
+    )
     p.add_argument("model", metavar="RUN_OR_FOLDER")
-    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    p.add_argument("--max-new-tokens", type=int, default=500)
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="continue the text of FILE (UTF-8)")
+    p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--top-k", type=int, help="sample from the k most likely tokens only (default: all)"
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        help="sample from the fewest tokens whose probability reaches p (default: all)",
+    )
+    p.add_argument("--num-samples", type=int, default=1, help="independent continuations")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
+    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu) or a torch device")
     p.add_argument("--no-cache", action="store_true", help="recompute the full context every step")
     p.add_argument(
         "--compile",
@@ -32,12 +44,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def read_prompt(args: argparse.Namespace) -> str:
+    """--prompt, or the text of --prompt-file."""
+    from pathlib import Path
+
+    from attnlab.errors import AttnlabError
+
+    if args.prompt_file is None:
+        return args.prompt
+    try:
+        return Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise AttnlabError(f"--prompt-file {args.prompt_file}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import from_pretrained
+    from attnlab.commands._common import compile_announced, echo_tokens
     from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
+    from attnlab.model.generation import stream
 
     if args.backend == "onnxruntime":
         from attnlab.export import load_onnx
@@ -64,27 +92,28 @@ def run(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         model, tokenizer = from_pretrained(args.model, device=device)
         if args.compile:
-            from attnlab.model.generation import compile_for_decoding
-
-            model = compile_for_decoding(model)
+            model = compile_announced(model)
     if tokenizer is None:
         raise AttnlabError(f"{args.model} has no tokenizer.json; cannot encode a prompt")
-    ids = tokenizer.encode(args.prompt)
+    ids = tokenizer.encode(read_prompt(args))
     if not ids:
         raise AttnlabError("the prompt encodes to no tokens")
     gen = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     for i in range(args.num_samples):
-        out = model.generate(
+        if i:
+            print("-" * 40)
+        print(tokenizer.decode(ids), end="", flush=True)
+        tokens = stream(
+            model,
             idx,
             args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
-            use_cache=not args.no_cache,
+            use_cache=not args.no_cache and args.backend == "torch",
             generator=gen,
         )
-        if i:
-            print("-" * 40)
-        print(tokenizer.decode(out[0].tolist()))
+        echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop=set())
+        print()
     return 0

@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="pretrained run or model folder, then training fields "
         "(defaults: max_iters=300 learning_rate=1e-4 ...)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, overrides_in="args")
     p.__class__ = _IntermixedParser
 
 

@@ -36,8 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint"
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="any model or training field")
-    p.set_defaults(func=run)
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="any model or training field, also as --key=value; "
+        "`attnlab presets --fields` lists them with types, defaults and meanings",
+    )
+    p.set_defaults(func=run, overrides_in="overrides")
 
 
 def run(args: argparse.Namespace) -> int:
