@@ -121,6 +121,7 @@ def test_folder_metadata(exported: tuple[GPT, Path]) -> None:
     assert json.loads((out / "generation_config.json").read_text()) == {
         "bos_token_id": start,
         "eos_token_id": end,
+        "pad_token_id": end,
         "max_length": 32,
         "do_sample": True,
         "temperature": 0.8,
@@ -129,12 +130,24 @@ def test_folder_metadata(exported: tuple[GPT, Path]) -> None:
     assert json.loads((out / "special_tokens_map.json").read_text()) == {
         "bos_token": IM_START,
         "eos_token": IM_END,
+        "pad_token": IM_END,
+        "unk_token": "<unk>",  # char tokenizers get one (id 58: the model has 64 rows)
     }
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and cfg["model_max_length"] == 32
     assert cfg["added_tokens_decoder"][str(end)]["content"] == IM_END
     assert cfg["added_tokens_decoder"][str(end)]["special"] is True
-    assert json.loads((out / "config.json").read_text()) == model.config.to_dict()
+    hf_keys = {"model_type", "architectures", "auto_map", "tie_word_embeddings", "torch_dtype"}
+    config = json.loads((out / "config.json").read_text())
+    assert {
+        k: v for k, v in config.items() if k in model.config.to_dict()
+    } == model.config.to_dict()
+    assert set(config) - set(model.config.to_dict()) == hf_keys | {
+        "attnlab_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    }
     # the state_dict formats: no tied lm_head, tensors only (loads with weights_only=True)
     sd = torch.load(out / FILES["bin"], weights_only=True)
     assert set(sd) == set(model.state_dict()) - {"lm_head.weight"}
@@ -147,7 +160,7 @@ def test_from_pretrained_prefers_safetensors_then_bin(
     model, out = exported
     x = torch.randint(0, 64, (2, 11), generator=torch.Generator().manual_seed(2))
     loaded, tok = from_pretrained(out)
-    assert tok is not None and tok.vocab_size == 58
+    assert tok is not None and tok.vocab_size == 59  # 56 characters, ChatML's two, <unk>
     np.testing.assert_array_equal(torch_logits(loaded, x), torch_logits(model, x))
     only_bin = tmp_path / "only_bin"
     shutil.copytree(out, only_bin)

@@ -71,7 +71,12 @@ class Tokenizer:
         names = sorted(self._specials, key=len, reverse=True)
         self._special_re = re.compile("|".join(map(re.escape, names))) if names else None
         if self.kind == "char":
-            vocab = self.hf.get_vocab(with_added_tokens=False)
+            # an export's unknown token sits in the vocabulary as a special token: skip it
+            vocab = {
+                t: i
+                for t, i in self.hf.get_vocab(with_added_tokens=False).items()
+                if t not in self._specials
+            }
             if any(len(c) != 1 for c in vocab):
                 raise AttnlabError("char tokenizer vocabulary holds multi-character tokens")
             chars = sorted(vocab, key=vocab.get)

@@ -22,9 +22,11 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
+from attnlab.export.hf import EXPORT_MARK, write_metadata
 from attnlab.export.onnx import INT8_FILE, ONNX_FILE, write_onnx, write_onnx_int8
 from attnlab.export.torchscript import write_torchscript
 from attnlab.fsutil import replace_folder
+from attnlab.model import hf_map
 from attnlab.train import checkpoint as ckpt
 
 FILES = {
@@ -35,13 +37,6 @@ FILES = {
     "onnx-int8": INT8_FILE,
 }
 FORMATS = tuple(FILES)
-GENERATION_CONFIG = "generation_config.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-# nanoGPT's sample.py defaults; `attnlab sample` uses the same temperature
-SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 200}
-# config.json key naming the attnlab version that exported the folder
-EXPORT_MARK = "attnlab_version"
 
 
 def parse_formats(text: str) -> list[str]:
@@ -60,58 +55,16 @@ def parse_formats(text: str) -> list[str]:
     return [f for f in FORMATS if f in names]
 
 
-# --- metadata ------------------------------------------------------------------------------
-
-
-def special_tokens(tokenizer: Any) -> dict[str, str]:
-    """HF roles of the tokenizer's special tokens: ChatML's end marker is the EOS, and so on."""
-    from attnlab.data.chat import IM_END, IM_START
-    from attnlab.data.tokenizer import UNK
-
-    roles = {"bos_token": (IM_START,), "eos_token": (IM_END, "<|endoftext|>"), "unk_token": (UNK,)}
-    specials = {t.content for t in tokenizer.hf.get_added_tokens_decoder().values()}
-    found = {role: next((t for t in names if t in specials), None) for role, names in roles.items()}
-    return {role: token for role, token in found.items() if token is not None}
-
-
-def write_metadata(folder: Path, config: Any, tokenizer: Any | None) -> None:
-    """config.json, generation_config.json and the three tokenizer files HF reads."""
-    (folder / ckpt.CONFIG).write_text(config.to_json())
-    roles = special_tokens(tokenizer) if tokenizer is not None else {}
-    ids = {f"{role[:-6]}_token_id": tokenizer.token_to_id(tok) for role, tok in roles.items()}
-    generation = {k: v for k, v in ids.items() if not k.startswith("unk")}
-    generation.update(max_length=config.block_size, **SAMPLING)
-    (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
-    if tokenizer is None:
-        return
-    tokenizer.save(folder / ckpt.TOKENIZER)
-    added = {
-        str(i): {
-            "content": t.content,
-            "lstrip": t.lstrip,
-            "normalized": t.normalized,
-            "rstrip": t.rstrip,
-            "single_word": t.single_word,
-            "special": t.special,
-        }
-        for i, t in sorted(tokenizer.hf.get_added_tokens_decoder().items())
-    }
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": config.block_size,
-        "clean_up_tokenization_spaces": False,
-        "added_tokens_decoder": added,
-        **roles,
-    }
-    (folder / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer_config, indent=2))
-    (folder / SPECIAL_TOKENS_MAP).write_text(json.dumps(roles, indent=2))
-
-
 # --- one writer per format ------------------------------------------------------------------
 
 
-def write_bin(model: nn.Module, path: Path) -> None:
-    torch.save(ckpt.model_state_dict(model), path)
+def hf_state_dict(model: nn.Module, kind: str | None) -> dict[str, torch.Tensor]:
+    """The weights to write: attnlab's names, or GPT-2's / Llama's for a native export."""
+    return hf_map.state_dict_to_hf(ckpt.model_state_dict(model), model.config, kind)
+
+
+def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
+    torch.save(sd, path)
 
 
 def is_export(folder: Path) -> bool:
@@ -141,10 +94,10 @@ def export_model(
     model = model.to("cpu").eval()
     written = {}
     with replace_folder(out, "model folder exported by attnlab", overwrite, is_export) as tmp:
-        write_metadata(tmp, model.config, tokenizer)
+        sd = hf_state_dict(model, write_metadata(tmp, model.config, tokenizer))
         writers: dict[str, Callable[[], None]] = {
-            "safetensors": lambda: ckpt.write_weights(model, tmp / FILES["safetensors"]),
-            "bin": lambda: write_bin(model, tmp / FILES["bin"]),
+            "safetensors": lambda: ckpt.write_state_dict(sd, tmp / FILES["safetensors"]),
+            "bin": lambda: write_bin(sd, tmp / FILES["bin"]),
             "torchscript": lambda: write_torchscript(model, tmp / FILES["torchscript"]),
             "onnx": lambda: write_onnx(model, tmp / FILES["onnx"]),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),

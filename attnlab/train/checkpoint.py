@@ -13,10 +13,13 @@ the two renames, ``checkpoint_dir`` finds the old one under its aside name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -26,6 +29,7 @@ import torch
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import no_space_message
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -35,6 +39,8 @@ TRAIN_CONFIG = "train_config.json"
 TRAINER_STATE = "trainer_state.pt"
 ASIDE = ".old"
 DIGEST_KEY = "attnlab.sha256"  # safetensors metadata entry holding weights_digest()
+# safetensors metadata entries holding the sha256 of the folder's other files, checked on load
+FILE_DIGEST_KEYS = {CONFIG: "attnlab.config.sha256", TOKENIZER: "attnlab.tokenizer.sha256"}
 # Test hook for the crash-safety tests: "STAGE:N" makes the Nth save_checkpoint of the process
 # SIGKILL itself at STAGE ("write": temporary folder half written; "swap": between the renames).
 KILL_HOOK = "ATTNLAB_TEST_KILL_DURING_SAVE"
@@ -65,10 +71,30 @@ def weights_digest(sd: dict[str, torch.Tensor]) -> str:
 
 def write_weights(model: torch.nn.Module, path: Path) -> None:
     """model.safetensors with the weights' sha256 in its metadata."""
-    from safetensors.torch import save_file
+    write_state_dict(model_state_dict(model), path)
 
-    sd = model_state_dict(model)
-    save_file(sd, str(path), metadata={"format": "pt", DIGEST_KEY: weights_digest(sd)})
+
+def write_state_dict(sd: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file of ``sd`` with its sha256 in the metadata."""
+    from safetensors.torch import save
+
+    metadata = {"format": "pt", DIGEST_KEY: weights_digest(sd), **file_digests(path.parent)}
+    write_bytes(path, save(sd, metadata=metadata))
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of the config.json and tokenizer.json already in ``folder``, by metadata key."""
+    return {
+        key: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        for name, key in FILE_DIGEST_KEYS.items()
+        if (folder / name).is_file()
+    }
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a file with plain file I/O, so a full disk is an OSError naming its reason."""
+    with path.open("wb") as f:
+        f.write(data)
 
 
 def _fsync(path: Path) -> None:
@@ -85,11 +111,11 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
-    """config.json + model.safetensors (+ tokenizer.json) into an existing folder."""
+    """config.json (+ tokenizer.json) + model.safetensors, which records both files' sha256."""
     (folder / CONFIG).write_text(model.config.to_json())
-    write_weights(model, folder / WEIGHTS)
     if tokenizer is not None:
         tokenizer.save(folder / TOKENIZER)
+    write_weights(model, folder / WEIGHTS)
 
 
 def save_checkpoint(
@@ -112,8 +138,10 @@ def save_checkpoint(
         _kill_hook("write", save_number)
         if train_config is not None:
             (tmp / TRAIN_CONFIG).write_text(train_config.to_json())
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER_STATE)
+        if trainer_state is not None:  # into memory first: a full disk is then an OSError
+            buffer = io.BytesIO()
+            torch.save(trainer_state, buffer)
+            write_bytes(tmp / TRAINER_STATE, buffer.getvalue())
         _fsync_tree(tmp)
         if folder.exists():
             shutil.rmtree(aside, ignore_errors=True)
@@ -121,8 +149,14 @@ def save_checkpoint(
         _kill_hook("swap", save_number)
         os.replace(tmp, folder)
         _fsync(folder.parent)  # make the renames themselves durable (power loss, not just a kill)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+    except BaseException as e:  # a full disk, a bug, Ctrl-C: put the previous one back
         shutil.rmtree(tmp, ignore_errors=True)
+        if not folder.exists() and aside.exists():
+            os.replace(aside, folder)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise AttnlabError(no_space_message(folder)) from e
+        if not isinstance(e, OSError | RuntimeError):
+            raise
         lines = str(e).splitlines() or [type(e).__name__]
         reason = e.strerror if isinstance(e, OSError) and e.strerror else lines[0]
         raise AttnlabError(
@@ -157,17 +191,64 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
             with safe_open(str(path), framework="pt") as f:  # one open: tensors and metadata
                 # a safe_open handle has keys() but is not iterable
                 sd = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
-                expected = (f.metadata() or {}).get(DIGEST_KEY)
+                metadata = f.metadata() or {}
         except (SafetensorError, OSError, ValueError) as e:
             raise AttnlabError(f"{path} is truncated or corrupted ({e})") from None
         # files written by other tools carry no digest; ours must match it
+        expected = metadata.get(DIGEST_KEY)
         if expected is not None and weights_digest(sd) != expected:
             raise AttnlabError(f"{path} is corrupted: its weights do not match their sha256")
-        return sd
+        check_file_digests(folder, metadata)
+        return check_tensors(sd, path)
     path = folder / BIN_WEIGHTS
     if path.is_file():
-        return safe_torch_load(path)
+        return check_tensors(safe_torch_load(path), path)
     raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
+
+
+def check_file_digests(folder: Path, metadata: dict[str, str]) -> None:
+    """Refuse a config.json or tokenizer.json changed since the weights recorded its sha256."""
+    for name, key in FILE_DIGEST_KEYS.items():
+        expected, path = metadata.get(key), folder / name
+        if expected is None:
+            continue  # written before digests were recorded, or by another tool
+        if not path.is_file():
+            raise AttnlabError(f"{path} is missing; {WEIGHTS} was saved with it")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+            raise AttnlabError(
+                f"{path} was changed after the model was saved: it does not match the sha256 "
+                f"recorded in {WEIGHTS}"
+            )
+
+
+def check_tensors(sd: Any, path: Path) -> dict[str, torch.Tensor]:
+    """``sd`` if it maps names to finite tensors; else one line naming the first odd entry."""
+    if not isinstance(sd, dict):
+        raise AttnlabError(f"{path} holds a {type(sd).__name__}, not a dict of tensors")
+    for name, value in sd.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise AttnlabError(f"{path}: entry {name!r} is a {type(value).__name__}, not a tensor")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise AttnlabError(f"{path}: tensor {name} holds NaN or infinite values")
+    return sd
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _refusal_reason(message: str) -> str:
+    """What torch's weights-only unpickler refused, without its advice to load it unsafely."""
+    found = _GLOBAL.search(message)
+    if found:
+        name = found.group(1) if "." in found.group(1) else f"builtins.{found.group(1)}"
+        return f"it imports {name}, which could run code"
+    for line in (ln.strip() for ln in message.splitlines()):
+        reason = line.partition("WeightsUnpickler error:")[2].strip()
+        if reason:
+            return reason
+    lines = [ln.strip() for ln in message.splitlines()]
+    plain = [ln for ln in lines if ln and not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
+    return next((ln for ln in plain if "weights_only" not in ln), "not a plain pickle")
 
 
 _TORCH_LOAD_BOILERPLATE = (
@@ -187,11 +268,9 @@ def safe_torch_load(path: str | Path) -> Any:
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch wraps the reason in advice to retry with weights_only=False: keep the reason only
-        lines = [ln.strip() for ln in str(e).splitlines()]
-        reasons = [ln for ln in lines if ln and not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
-        reason = reasons[0] if reasons else type(e).__name__
-        raise AttnlabError(f"{path} refused: it is not a plain weights file ({reason})") from None
+        raise AttnlabError(
+            f"{path} refused: it is not a plain weights file ({_refusal_reason(str(e))})"
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
 
@@ -220,10 +299,24 @@ def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], sou
     model.load_state_dict(sd, strict=False)
 
 
+def model_type(folder: Path) -> str | None:
+    """config.json's ``model_type`` (attnlab, gpt2, llama in an export), None in a checkpoint."""
+    try:
+        data = json.loads((folder / CONFIG).read_text())
+    except (OSError, ValueError):
+        return None  # read_model_config reports what is wrong with the file
+    return data.get("model_type") if isinstance(data, dict) else None
+
+
 def read_model_config(folder: Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint or of an export (attnlab, GPT-2 or Llama config.json)."""
     path = folder / CONFIG
     if not path.is_file():
         raise AttnlabError(f"{folder} is not a model folder (no {CONFIG})")
+    if model_type(folder) is not None:
+        from attnlab.model.hf_map import config_from_hf
+
+        return config_from_hf(json.loads(path.read_text()), str(path))
     return ModelConfig.from_json(path)
 
 
@@ -247,25 +340,51 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
     """(model in eval mode, tokenizer or None) from a model folder or a run folder."""
     from attnlab.data.tokenizer import Tokenizer
     from attnlab.model import GPT
+    from attnlab.model.memory import check_fits
 
     folder = model_folder(path)
     config = read_model_config(folder)
+    check_fits(config, torch.device(device), what=str(folder))
+    tokenizer = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise AttnlabError(
+            f"{folder / TOKENIZER}: {tokenizer.vocab_size:,} tokens, more than the model's "
+            f"vocab_size={config.vocab_size:,}"
+        )
     with torch.device("meta"):
         model = GPT(config)
     model.to_empty(device=device)
-    load_weights_strict(model, read_weights(folder), str(folder))
+    sd = read_weights(folder)
+    kind = model_type(folder)
+    if kind is not None:  # an export in transformers' names (GPT-2 / Llama)
+        from attnlab.model.hf_map import state_dict_from_hf
+
+        sd = state_dict_from_hf(sd, config, kind)
+    load_weights_strict(model, sd, str(folder))
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     if model.rotary is not None:  # non-persistent buffers are not in the file: rebuild them
         from attnlab.model.layers import Rotary
 
         model.rotary = Rotary(config.head_dim, config.block_size, config.rope_theta).to(device)
-    tokenizer = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
     return model.eval(), tokenizer
 
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:
-    return safe_torch_load(folder / TRAINER_STATE)
+    """trainer_state.pt, refused in one line unless it has the parts a trainer saves."""
+    path = folder / TRAINER_STATE
+    saved = safe_torch_load(path)
+    parts = {"optimizer": dict, "sampler": dict, "torch_rng": torch.Tensor, "state": dict}
+    wrong = [
+        name
+        for name, kind in parts.items()
+        if not isinstance(saved, dict) or not isinstance(saved.get(name), kind)
+    ]
+    if wrong:
+        raise AttnlabError(
+            f"{path} is not an attnlab trainer state (missing or odd: {', '.join(wrong)})"
+        )
+    return saved
 
 
 def write_json(path: Path, data: Any) -> None:

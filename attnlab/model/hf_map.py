@@ -1,0 +1,260 @@
+"""attnlab <-> Hugging Face GPT-2 and Llama: configs and state_dicts, both ways, exactly.
+
+A backbone with no mechanism is exactly one of two standard architectures:
+
+- nanoGPT's (LayerNorm, learned positions, exact-GELU MLP, Pre-LN) is ``GPT2LMHeadModel`` with
+  ``activation_function="gelu"``. GPT-2's linear layers are ``Conv1D`` (weights stored
+  [in, out], the transpose of ``nn.Linear``) and always have biases: a ``bias=False`` model
+  gets zero biases, which compute the same function;
+- the modern one (RMSNorm, RoPE, SwiGLU, optional GQA, one FFN sub-layer) is
+  ``LlamaForCausalLM``: the fused ``c_attn`` splits into q/k/v_proj and the fused SwiGLU
+  ``c_fc`` into gate_proj and up_proj.
+
+``config.json`` of an attnlab export with remote code is the ModelConfig plus the keys
+transformers reads (``model_type="attnlab"`` ...); ``config_from_hf`` reads all three kinds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.errors import AttnlabError
+
+KINDS = ("gpt2", "llama")
+MECHANISMS_OFF = dict(use_m_gate=False, value_gate=False, boost_rounds=1, twicing=False)
+_GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+_GPT2_ACTIVATIONS = ("gelu",)  # exact GELU; GPT-2's own "gelu_new" is the tanh approximation
+_LLAMA_BLOCK = {
+    "ln_1.weight": "input_layernorm.weight",
+    "ln_2.weight": "post_attention_layernorm.weight",
+    "attn.c_proj": "self_attn.o_proj",
+    "mlp.c_proj": "mlp.down_proj",
+}
+
+
+def native_kind(config: ModelConfig) -> str | None:
+    """ "gpt2" or "llama" when ``config`` is exactly that architecture, else None."""
+    if any(getattr(config, k) != v for k, v in MECHANISMS_OFF.items()):
+        return None
+    if config.norm_placement != "pre" or config.ffn_sublayers != 1:
+        return None
+    parts = (config.norm, config.pos, config.mlp)
+    if parts == ("layernorm", "learned", "gelu") and config.n_kv_head == config.n_head:
+        return "gpt2"
+    if parts == ("rmsnorm", "rope", "swiglu"):
+        return "llama"
+    return None
+
+
+# --- configs ---------------------------------------------------------------------------------
+
+
+def config_to_hf(config: ModelConfig, kind: str | None) -> dict[str, Any]:
+    """config.json keys for ``kind`` ("gpt2", "llama", or None: attnlab's own with remote code)."""
+    common = {"vocab_size": config.vocab_size, "tie_word_embeddings": config.tie_embeddings}
+    if kind == "gpt2":
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            **common,
+            "n_positions": config.block_size,
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+            "n_head": config.n_head,
+            "n_inner": config.d_ffn,
+            "activation_function": "gelu",
+            "layer_norm_epsilon": config.norm_eps,
+            "resid_pdrop": config.dropout,
+            "embd_pdrop": config.dropout,
+            "attn_pdrop": config.dropout,
+        }
+    if kind == "llama":
+        return {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            **common,
+            "hidden_size": config.n_embd,
+            "intermediate_size": config.d_ffn,
+            "num_hidden_layers": config.n_layer,
+            "num_attention_heads": config.n_head,
+            "num_key_value_heads": config.n_kv_head,
+            "head_dim": config.head_dim,
+            "max_position_embeddings": config.block_size,
+            "rms_norm_eps": config.norm_eps,
+            "rope_theta": config.rope_theta,
+            "attention_bias": config.bias,
+            "mlp_bias": config.bias,
+            "attention_dropout": config.dropout,
+            "hidden_act": "silu",
+        }
+    return {**config.to_dict(), **common, "model_type": "attnlab"}
+
+
+def _get(data: dict[str, Any], *names: str, default: Any = None) -> Any:
+    return next((data[n] for n in names if data.get(n) is not None), default)
+
+
+def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """The ModelConfig of an HF config.json of model_type attnlab, gpt2 or llama."""
+    kind = data.get("model_type")
+    tie = bool(data.get("tie_word_embeddings", True))
+    if kind == "attnlab":
+        return ModelConfig.from_dict(
+            {k: v for k, v in data.items() if k in ModelConfig.field_names()}
+        )
+    if kind == "gpt2":
+        act = data.get("activation_function", "gelu_new")
+        if act not in _GPT2_ACTIVATIONS:
+            raise AttnlabError(
+                f"{source}: activation_function {act!r} is not exact GELU; attnlab's GPT-2 "
+                "backbone computes exact GELU (activation_function 'gelu')"
+            )
+        n_embd = int(data.get("n_embd", 768))
+        return ModelConfig(
+            block_size=int(data.get("n_positions", 1024)),
+            vocab_size=int(data["vocab_size"]),
+            n_layer=int(data.get("n_layer", 12)),
+            n_head=int(data.get("n_head", 12)),
+            n_embd=n_embd,
+            d_ffn=int(_get(data, "n_inner", default=4 * n_embd)),
+            norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+            bias=True,
+            tie_embeddings=tie,
+        )
+    if kind == "llama":
+        act = data.get("hidden_act", "silu")
+        scaling = data.get("rope_scaling") or {}
+        params = data.get("rope_parameters") or {}
+        rope_type = _get(scaling, "rope_type", "type") or _get(params, "rope_type") or "default"
+        if act != "silu" or rope_type != "default":
+            raise AttnlabError(
+                f"{source}: hidden_act {act!r} / rope type {rope_type!r}; attnlab's Llama "
+                "backbone is SwiGLU (silu) with plain RoPE"
+            )
+        n_embd, n_head = int(data["hidden_size"]), int(data["num_attention_heads"])
+        if int(_get(data, "head_dim", default=n_embd // n_head)) * n_head != n_embd:
+            raise AttnlabError(f"{source}: head_dim * num_attention_heads must equal hidden_size")
+        bias = bool(data.get("attention_bias", False))
+        if bool(data.get("mlp_bias", False)) != bias:
+            raise AttnlabError(f"{source}: attention_bias and mlp_bias must agree for attnlab")
+        return ModelConfig(
+            block_size=int(data.get("max_position_embeddings", 2048)),
+            vocab_size=int(data["vocab_size"]),
+            n_layer=int(data["num_hidden_layers"]),
+            n_head=n_head,
+            n_embd=n_embd,
+            n_kv_head=int(_get(data, "num_key_value_heads", default=n_head)),
+            d_ffn=int(data["intermediate_size"]),
+            norm="rmsnorm",
+            norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            pos="rope",
+            rope_theta=float(
+                _get(data, "rope_theta", default=_get(params, "rope_theta", default=1e4))
+            ),
+            mlp="swiglu",
+            bias=bias,
+            tie_embeddings=tie,
+        )
+    raise AttnlabError(
+        f"{source}: model_type {kind!r} is not supported; attnlab reads attnlab, gpt2 and llama"
+    )
+
+
+# --- state_dicts -----------------------------------------------------------------------------
+
+
+def state_dict_to_hf(
+    sd: dict[str, torch.Tensor], config: ModelConfig, kind: str | None
+) -> dict[str, torch.Tensor]:
+    """attnlab's state_dict (tied lm_head dropped) in ``kind``'s names and layouts."""
+    if kind is None:
+        return dict(sd)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        for new_key, new_value in _to_hf(key, value, config, kind):
+            out[new_key] = new_value.contiguous()
+    if kind == "gpt2":  # GPT-2 always has biases: zeros compute what bias=False computes
+        for name in [k for k in out if k.endswith(".weight") and "wte" not in k and "wpe" not in k]:
+            bias = name[: -len("weight")] + "bias"
+            if bias not in out and not name.startswith("lm_head"):
+                width = out[name].size(-1 if _is_conv1d(name) else 0)
+                out[bias] = torch.zeros(width, dtype=out[name].dtype)
+    return out
+
+
+def _is_conv1d(name: str) -> bool:
+    return any(f".{part}.weight" in name for part in _GPT2_CONV1D)
+
+
+def _to_hf(key: str, value: torch.Tensor, config: ModelConfig, kind: str):
+    if kind == "gpt2":
+        yield key, (value.t() if _is_conv1d(key) else value)
+        return
+    if key == "transformer.wte.weight":
+        yield "model.embed_tokens.weight", value
+    elif key == "transformer.ln_f.weight":
+        yield "model.norm.weight", value
+    elif key == "lm_head.weight":
+        yield key, value
+    else:
+        _, _, layer, rest = key.split(".", 3)
+        prefix = f"model.layers.{layer}."
+        if rest.startswith("attn.c_attn."):
+            suffix = rest.rsplit(".", 1)[1]
+            sizes = [config.n_embd, config.kv_dim, config.kv_dim]
+            for name, part in zip(("q", "k", "v"), value.split(sizes), strict=True):
+                yield f"{prefix}self_attn.{name}_proj.{suffix}", part
+        elif rest.startswith("mlp.c_fc."):
+            suffix = rest.rsplit(".", 1)[1]
+            gate, up = value.split(config.d_ffn)
+            yield f"{prefix}mlp.gate_proj.{suffix}", gate
+            yield f"{prefix}mlp.up_proj.{suffix}", up
+        else:
+            head = next(k for k in _LLAMA_BLOCK if rest.startswith(k))
+            yield prefix + _LLAMA_BLOCK[head] + rest[len(head) :], value
+
+
+def state_dict_from_hf(
+    sd: dict[str, torch.Tensor], config: ModelConfig, kind: str
+) -> dict[str, torch.Tensor]:
+    """An HF GPT-2 / Llama state_dict in attnlab's names (the inverse of ``state_dict_to_hf``)."""
+    if kind == "attnlab":
+        return dict(sd)
+    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    if kind == "gpt2":
+        sd = {
+            k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
+            for k, v in sd.items()
+        }
+        return {k: (v.t() if _is_conv1d(k) else v).contiguous() for k, v in sd.items()}
+    sd = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in sd.items()}
+    out: dict[str, torch.Tensor] = {}
+    inverse = {v: k for k, v in _LLAMA_BLOCK.items()}
+    for key, value in sd.items():
+        if key == "model.embed_tokens.weight":
+            out["transformer.wte.weight"] = value
+        elif key == "model.norm.weight":
+            out["transformer.ln_f.weight"] = value
+        elif key == "lm_head.weight":
+            out[key] = value
+        elif key.startswith("model.layers."):
+            _, _, layer, rest = key.split(".", 3)
+            prefix = f"transformer.h.{layer}."
+            suffix = rest.rsplit(".", 1)[1]
+            if rest.startswith("self_attn.q_proj."):
+                parts = [sd[key.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+                out[f"{prefix}attn.c_attn.{suffix}"] = torch.cat(parts)
+            elif rest.startswith("mlp.gate_proj."):
+                parts = [sd[key.replace("gate_proj", p)] for p in ("gate_proj", "up_proj")]
+                out[f"{prefix}mlp.c_fc.{suffix}"] = torch.cat(parts)
+            elif not rest.startswith(("self_attn.k_proj", "self_attn.v_proj", "mlp.up_proj")):
+                head = next((v for v in inverse if rest.startswith(v)), None)
+                if head is None:
+                    raise AttnlabError(f"unexpected Llama weight {key}")
+                out[prefix + inverse[head] + rest[len(head) :]] = value
+        else:
+            raise AttnlabError(f"unexpected Llama weight {key}")
+    return out
