@@ -22,7 +22,10 @@ import attnlab
 from attnlab.config import ModelConfig
 from attnlab.data.chat import IM_END, IM_START
 from attnlab.data.tokenizer import UNK, Tokenizer
+from attnlab.errors import AttnlabError
+from attnlab.fsutil import replace_folder
 from attnlab.model import hf_map
+from attnlab.train import checkpoint as ckpt
 
 PACKAGE_DIR = Path(attnlab.__file__).parent
 REMOTE_DIR = Path(__file__).with_name("remote")
@@ -184,3 +187,44 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
     (folder / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer_config, indent=2))
     (folder / SPECIAL_TOKENS_MAP).write_text(json.dumps(roles, indent=2))
     return kind
+
+
+# --- import ----------------------------------------------------------------------------------
+
+
+def import_hf(source: str | Path, out: str | Path, overwrite: bool = False) -> tuple[Any, Path]:
+    """A local GPT-2 or Llama folder (config.json + safetensors or bin) as an attnlab model folder.
+
+    Returns (model, out). Weights load through safetensors or the weights-only unpickler;
+    ``tokenizer.json`` comes along when attnlab's Tokenizer can read it.
+    """
+    folder = Path(source).expanduser()
+    path = folder / ckpt.CONFIG
+    if not path.is_file():
+        raise AttnlabError(f"{folder} has no {ckpt.CONFIG}; expected a Hugging Face model folder")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise AttnlabError(f"{path} is not valid JSON ({e})") from None
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    if kind not in hf_map.KINDS:
+        raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
+    config = hf_map.config_from_hf(data, str(path))
+    sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind)
+    if config.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    tokenizer = None
+    if (folder / ckpt.TOKENIZER).is_file():
+        try:
+            tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
+        except AttnlabError:
+            tokenizer = None  # a tokenizer model attnlab has no class for: the weights still come
+    out = Path(out).expanduser()
+    is_model = lambda p: ckpt.checkpoint_dir(p) is not None  # noqa: E731
+    with replace_folder(out, "attnlab model folder", overwrite, is_model) as tmp:
+        (tmp / ckpt.CONFIG).write_text(config.to_json())
+        if tokenizer is not None:
+            tokenizer.save(tmp / ckpt.TOKENIZER)
+        ckpt.write_state_dict(sd, tmp / ckpt.WEIGHTS)
+        model, _ = ckpt.load_pretrained(tmp)  # strict: every weight in place, none left over
+    return model.eval(), out

@@ -223,7 +223,9 @@ def state_dict_from_hf(
     """An HF GPT-2 / Llama state_dict in attnlab's names (the inverse of ``state_dict_to_hf``)."""
     if kind == "attnlab":
         return dict(sd)
-    sd = {k: v for k, v in sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    # constant buffers some versions saved: GPT-2's causal mask, Llama's RoPE frequencies
+    derived = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+    sd = {k: v for k, v in sd.items() if not k.endswith(derived)}
     if kind == "gpt2":
         sd = {
             k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v

@@ -1,0 +1,99 @@
+"""`attnlab import-hf`: tiny random GPT-2 and Llama models made by transformers itself, no download."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab import from_pretrained
+from attnlab.cli import main as cli_main
+
+transformers = pytest.importorskip("transformers")
+
+GPT2 = dict(
+    vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, activation_function="gelu"
+)
+LLAMA = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
+
+
+def hf_model(kind: str, **overrides) -> torch.nn.Module:
+    """A random transformers model with weights large enough that logits differ visibly."""
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**GPT2, **overrides}))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides", "safe"),
+    [
+        ("gpt2", {}, True),
+        ("llama", {}, True),
+        ("llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True), False),
+    ],
+)
+def test_import_hf_logits_equal(
+    tmp_path: Path, capsys, kind: str, overrides: dict, safe: bool
+) -> None:
+    model = hf_model(kind, **overrides)
+    model.save_pretrained(tmp_path / "hf")
+    if not safe:  # the older format: a pickled state_dict (read with weights_only=True)
+        from safetensors.torch import load_file
+
+        weights = tmp_path / "hf" / "model.safetensors"
+        torch.save(load_file(weights), tmp_path / "hf" / "pytorch_model.bin")
+        weights.unlink()
+    assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "mine")]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"import-hf: {'GPT-2' if kind == 'gpt2' else 'Llama'}"
+    )
+    ours, _ = from_pretrained(tmp_path / "mine")
+    x = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x).logits.numpy()
+        got = ours(x, all_logits=True)[0].numpy()
+    assert ref.std() > 0.1
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "mine" / "config.json").read_text())["n_layer"] == 2
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "bert"}, "model_type 'bert'; import-hf reads gpt2 and llama folders"),
+        (
+            {"model_type": "gpt2", "vocab_size": 64, "activation_function": "gelu_new"},
+            "activation_function 'gelu_new' is not exact GELU",
+        ),
+        (None, "has no config.json"),
+    ],
+)
+def test_import_hf_refuses_what_it_cannot_convert(
+    tmp_path: Path, capsys, config: dict | None, message: str
+) -> None:
+    src = tmp_path / "hf"
+    src.mkdir()
+    if config is not None:
+        (src / "config.json").write_text(json.dumps(config))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert cli_main(["import-hf", str(src), "--out", str(tmp_path / "mine")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
