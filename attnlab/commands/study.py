@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="runs in parallel processes (threads split between them)",
     )
     p.add_argument("--data", help="prepared data folder for every run (default: the study's)")
+    p.add_argument(
+        "--variants",
+        help="comma-separated variants to run (default: all; finished ones are kept either way)",
+    )
     p.set_defaults(func=run)
 
 
@@ -47,8 +53,17 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.studies.runner import run_study
 
     spec = load_spec(args.study)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     result = run_study(
-        spec, args.preset, args.out, seeds=args.seeds, jobs=args.jobs, data=args.data
+        spec,
+        args.preset,
+        args.out,
+        seeds=args.seeds,
+        jobs=args.jobs,
+        data=args.data,
+        variants=variants,
+        progress=lambda line: print(line, flush=True),
+        command=shlex.join(["attnlab", *sys.argv[1:]]),
     )
     failed = sum(r["status"] == "failed" for r in result["runs"])
     print(

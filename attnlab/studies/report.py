@@ -305,27 +305,42 @@ def _retrieval_sections(study: dict[str, Any]) -> list[str]:
     lines = []
     for table in study["tables"]:
         cells = table["cells"]
-        methods = list(dict.fromkeys(m for c in cells for m in c["accuracy"]))
-        header = ["method", *(c["column"] for c in cells)]
+        if not cells:
+            continue
+        protocols = list(dict.fromkeys(p for c in cells for p in c["protocols"]))
+        methods = list(
+            dict.fromkeys(m for c in cells for p in c["protocols"].values() for m in p["accuracy"])
+        )
         rows = []
         for m in methods:
-            row = [table["rows"].get(m, m)]
-            for c in cells:
-                ours, paper = c["accuracy"].get(m), c["paper"].get(m)
-                row.append(
-                    "–"
-                    if ours is None
-                    else f"{ours:.1f}" + (f" ({paper:.1f})" if paper is not None else "")
+            sources = [("paper", lambda c, m=m: _acc(c["paper"].get(m), None))]
+            sources += [
+                (
+                    f"{p} protocol",
+                    lambda c, m=m, p=p: _acc(
+                        c["protocols"].get(p, {}).get("accuracy", {}).get(m),
+                        c["protocols"].get(p, {}).get("std", {}).get(m),
+                    ),
                 )
-            rows.append(row)
+                for p in protocols
+            ]
+            for k, (source, value) in enumerate(sources):
+                rows.append([table["rows"].get(m, m) if k == 0 else "", source, *map(value, cells)])
         lines += [
             f"## {table['title']}",
             "",
-            "Accuracy %, mean over seeds; the paper's value in brackets.",
+            "Accuracy %: the paper's value, then attnlab's mean ± std over seeds under each "
+            "protocol.",
             "",
-            *_table(header, rows),
+            *_table(["method", "source", *(c["column"] for c in cells)], rows),
         ]
     return lines
+
+
+def _acc(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.1f}" + ("" if std is None or not math.isfinite(std) else f" ± {std:.1f}")
 
 
 def _overhead_sections(study: dict[str, Any]) -> list[str]:
@@ -347,6 +362,14 @@ def _overhead_sections(study: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _provenance(study: dict[str, Any]) -> list[str]:
+    """Which command and which commit produced this report (when known)."""
+    command, commit = study.get("command"), study.get("git_commit")
+    parts = [f"Produced by `{command}`" if command else "Produced"]
+    parts.append(f"at commit `{commit}`." if commit else "(commit unknown).")
+    return [" ".join(parts), ""]
+
+
 def write_report(
     out: Path, spec: StudySpec, preset: str, results: dict[str, Any], study: dict[str, Any]
 ) -> Path:
@@ -360,6 +383,7 @@ def write_report(
         f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
         f"{study['elapsed_s']:.0f} s this invocation.",
         "",
+        *_provenance(study),
         *_scale_lines(spec, preset),
     ]
     if spec.kind == "lm":

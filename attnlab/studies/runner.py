@@ -8,15 +8,32 @@ training seed of every variant, so paired runs see the same initial stream and t
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import multiprocessing
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from attnlab.analysis.retrieval import run_retrieval
+from attnlab.bench import overhead
+from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.presets import get_preset
+from attnlab.rundir import finished_summary
+from attnlab.studies.report import write_report
 from attnlab.studies.spec import StudySpec, Variant
+from attnlab.studies.stats import holm, paired_comparison, summarize
+from attnlab.train import checkpoint as ckpt
+from attnlab.train.spec import as_overrides, default_data_for, resolve
+from attnlab.train.trainer import Trainer, environment
 
 RUN_FIELDS = (
     "variant",
@@ -32,30 +49,77 @@ RUN_FIELDS = (
     "run_dir",
 )
 
+# Receives one human-readable line per finished run or table cell (the CLI passes print).
+Progress = Callable[[str], None]
+
 
 def run_dir_for(out: Path, variant: str, seed: int) -> Path:
     return out / "runs" / variant / f"seed{seed}"
 
 
+@dataclass(frozen=True)
+class Job:
+    """One training run of a study: a variant's preset and overrides, one seed, one folder."""
+
+    variant: str
+    seed: int
+    preset: str
+    model: dict[str, Any]
+    train: dict[str, Any]
+    data: str
+    run_dir: str
+    max_iters: int | None = None  # the wall-clock-matched budget; the schedule stretches with it
+
+
+class Tracker:
+    """Counts finished units of work and reports each as one line with what is left and an ETA.
+
+    The ETA averages the units actually computed in this invocation (not ones found finished).
+    """
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.progress = total, progress
+        self.finished = self.computed = 0
+        self.seconds = 0.0
+
+    def done(self, what: str, result: str, seconds: float, cached: bool = False) -> None:
+        self.finished += 1
+        if not cached:
+            self.computed += 1
+            self.seconds += seconds
+        if self.progress is None:
+            return
+        left = self.total - self.finished
+        eta = ""
+        if left and self.computed:
+            eta = f", ETA {_duration(self.seconds / self.computed * left)}"
+        took = "finished earlier" if cached else f"{_duration(seconds)}"
+        self.progress(f"[{self.finished}/{self.total}] {what}: {result} ({took}); {left} left{eta}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 # --- one training run (also the worker of the process pool) -----------------------------------
-def train_one(job: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
-    """Train (or skip, or resume) one run; never raises: failures come back as status "failed"."""
-    run_dir = Path(job["run_dir"])
-    row: dict[str, Any] = {"variant": job["variant"], "seed": job["seed"], "run_dir": str(run_dir)}
+def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
+    """Train (or skip, or resume) one run; never raises: failures come back as status "failed".
+
+    A run with a ``latest/`` checkpoint but no summary resumes from that checkpoint, so a study
+    stopped in the middle of a run loses at most the steps since the last checkpoint.
+    """
+    run_dir = Path(job.run_dir)
+    row: dict[str, Any] = {"variant": job.variant, "seed": job.seed, "run_dir": str(run_dir)}
+    t0 = time.perf_counter()
     try:
-        summary_path = run_dir / "summary.json"
-        if summary_path.is_file():
-            return {
-                **row,
-                **_summary_fields(json.loads(summary_path.read_text())),
-                "status": "ok",
-                "skipped": True,
-            }
-        import torch
-
-        from attnlab.train import checkpoint as ckpt
-        from attnlab.train.trainer import Trainer
-
+        summary = finished_summary(run_dir)
+        if summary is not None:
+            return {**row, **_summary_fields(summary), "status": "ok", "skipped": True}
         if threads is not None:
             torch.set_num_threads(threads)
         if ckpt.checkpoint_dir(run_dir / "latest") is not None:
@@ -66,25 +130,32 @@ def train_one(job: dict[str, Any], threads: int | None = None) -> dict[str, Any]
             summary = trainer.run()
         finally:
             trainer.close()
-        return {**row, **_summary_fields(summary), "status": "ok", "skipped": False}
+        return {
+            **row,
+            **_summary_fields(summary),
+            "status": "ok",
+            "skipped": False,
+            "seconds": time.perf_counter() - t0,
+        }
     except Exception as e:  # a broken variant must not stop the study
-        return {**row, "status": "failed", "error": f"{type(e).__name__}: {e}", "skipped": False}
+        return {
+            **row,
+            "status": "failed",
+            "error": f"{type(e).__name__}: {e}",
+            "skipped": False,
+            "seconds": time.perf_counter() - t0,
+        }
 
 
-def _new_trainer(job: dict[str, Any], run_dir: Path) -> Any:
-    from attnlab.train.spec import as_overrides, resolve
-    from attnlab.train.trainer import Trainer
-
-    spec = resolve(
-        job["preset"], None, as_overrides(job["model"]) + as_overrides(job["train"]), job["data"]
-    )
+def _new_trainer(job: Job, run_dir: Path) -> Trainer:
+    spec = resolve(job.preset, None, as_overrides(job.model) + as_overrides(job.train), job.data)
     train = spec.train.replace(
-        seed=job["seed"], extra={**spec.train.extra, "study_variant": job["variant"]}
+        seed=job.seed, extra={**spec.train.extra, "study_variant": job.variant}
     )
-    if job.get("max_iters"):  # the wall-clock-matched budget; the schedule stretches with it
+    if job.max_iters:
         decay = train.lr_decay_iters
         train = train.replace(
-            max_iters=job["max_iters"],
+            max_iters=job.max_iters,
             lr_decay_iters=None if decay in (None, train.max_iters) else decay,
         )
     return Trainer(
@@ -104,40 +175,34 @@ def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def execute(
-    jobs: list[dict[str, Any]], n_jobs: int = 1, desc: str = "runs"
+    jobs: list[Job], n_jobs: int = 1, on_done: Callable[[dict[str, Any]], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Run ``jobs`` (in ``n_jobs`` spawned processes, torch threads split between them), in order."""
-    from tqdm import tqdm
+    """Run ``jobs`` (in ``n_jobs`` spawned processes, torch threads split between them).
 
+    ``on_done`` sees each result as it finishes; the returned list is in job order.
+    """
     results: list[dict[str, Any] | None] = [None] * len(jobs)
-    with tqdm(total=len(jobs), desc=desc, unit="run", disable=None) as bar:
-        if n_jobs <= 1:
-            for i, job in enumerate(jobs):
-                results[i] = train_one(job)
-                bar.set_postfix_str(f"{job['variant']} seed {job['seed']}: {results[i]['status']}")
-                bar.update(1)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            threads = max(1, (os.cpu_count() or 1) // n_jobs)
-            with ProcessPoolExecutor(
-                n_jobs, mp_context=multiprocessing.get_context("spawn")
-            ) as pool:
-                futures = {pool.submit(train_one, job, threads): i for i, job in enumerate(jobs)}
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update(1)
+    def finish(i: int, result: dict[str, Any]) -> None:
+        results[i] = result
+        if on_done is not None:
+            on_done(result)
+
+    if n_jobs <= 1:
+        for i, job in enumerate(jobs):
+            finish(i, train_one(job))
+    else:
+        threads = max(1, (os.cpu_count() or 1) // n_jobs)
+        with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(train_one, job, threads): i for i, job in enumerate(jobs)}
+            for future in as_completed(futures):
+                finish(futures[future], future.result())
     return [r for r in results if r is not None]
 
 
 # --- language-model studies --------------------------------------------------------------------
 def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Path | None) -> str:
     """The prepared data folder a variant trains on, prepared here once (not in every worker)."""
-    from attnlab.data.prepare import load_dataset
-    from attnlab.presets import get_preset
-    from attnlab.train.spec import default_data_for
-
     chosen = data if data is not None else spec.scale(preset).data
     if isinstance(chosen, dict):
         folder = default_data_for(chosen)
@@ -156,26 +221,28 @@ def _jobs(
     names: list[str],
     data: str | Path | None,
     budgets: dict[str, int],
-) -> list[dict[str, Any]]:
-    jobs = []
+) -> list[Job]:
+    """Seed-major order: every variant of seed 0, then of seed 1, ... so an unfinished study
+    already holds complete pairs."""
+    arms = []
     for name in names:
         variant = spec.variants[name]
         model, train = spec.layered(variant, preset)
-        folder = _data_folder(spec, variant, preset, data)
-        for seed in seeds:
-            jobs.append(
-                {
-                    "variant": name,
-                    "seed": seed,
-                    "preset": variant.preset,
-                    "model": model,
-                    "train": train,
-                    "data": folder,
-                    "max_iters": budgets.get(name),
-                    "run_dir": str(run_dir_for(out, name, seed)),
-                }
-            )
-    return jobs
+        arms.append((name, variant.preset, model, train, _data_folder(spec, variant, preset, data)))
+    return [
+        Job(
+            name,
+            seed,
+            variant_preset,
+            model,
+            train,
+            folder,
+            str(run_dir_for(out, name, seed)),
+            budgets.get(name),
+        )
+        for seed in seeds
+        for name, variant_preset, model, train, folder in arms
+    ]
 
 
 def wallclock_budget(
@@ -213,8 +280,6 @@ def wallclock_budget(
 
 def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
     """Paired t-test per comparison over the seeds where both arms finished, Holm over all."""
-    from attnlab.studies.stats import holm, paired_comparison
-
     losses = {
         (r["variant"], r["seed"]): r["val_loss"]
         for r in runs
@@ -234,8 +299,6 @@ def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]
 
 def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict[str, Any]]:
     """Per variant: mean, std and 95 % CI of the final val loss, plus mean params and sec/step."""
-    from attnlab.studies.stats import summarize
-
     out = {}
     for name, variant in spec.variants.items():
         ok = [
@@ -256,30 +319,48 @@ def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict
 
 
 def _run_lm(
-    spec: StudySpec, preset: str, out: Path, seeds: list[int], n_jobs: int, data: str | Path | None
+    spec: StudySpec,
+    preset: str,
+    out: Path,
+    seeds: list[int],
+    n_jobs: int,
+    data: str | Path | None,
+    publish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
+    progress: Progress | None,
 ) -> dict[str, Any]:
+    """Every run, then the wall-clock-matched ones; ``publish`` after each finished run.
+
+    A wall-clock budget, once computed, is kept in study.json and reused when the study is
+    resumed, so every seed of a wall-clock-matched variant trains for the same iterations.
+    """
     clocked = [n for n, v in spec.variants.items() if v.clock_of]
     first = [n for n in spec.variants if n not in clocked]
-    runs = execute(_jobs(spec, preset, out, seeds, first, data, {}), n_jobs, f"{spec.name} runs")
-    budgets: dict[str, dict[str, Any]] = {}
+    tracker = Tracker(len(seeds) * len(spec.variants), progress)
+    runs: list[dict[str, Any]] = []
+    budgets: dict[str, dict[str, Any]] = {
+        k: b for k, b in _previous(out).get("wallclock", {}).items() if k in clocked
+    }
+
+    def on_done(row: dict[str, Any]) -> None:
+        runs.append(row)
+        if row["status"] == "ok":
+            result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
+        else:
+            result = f"FAILED {row.get('error', '')}"
+        publish(runs, {"wallclock": budgets})
+        tracker.done(
+            f"{row['variant']} seed {row['seed']}", result, row.get("seconds", 0), row["skipped"]
+        )
+
+    execute(_jobs(spec, preset, out, seeds, first, data, {}), n_jobs, on_done)
     for name in clocked:
         v = spec.variants[name]
-        budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
-        if budget is not None:
-            budgets[name] = budget
-    runs += execute(
-        _jobs(
-            spec,
-            preset,
-            out,
-            seeds,
-            list(budgets),
-            data,
-            {k: b["iters"] for k, b in budgets.items()},
-        ),
-        n_jobs,
-        f"{spec.name} wall-clock",
-    )
+        if name not in budgets:
+            budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
+            if budget is not None:
+                budgets[name] = budget
+    iters = {k: b["iters"] for k, b in budgets.items()}
+    execute(_jobs(spec, preset, out, seeds, list(budgets), data, iters), n_jobs, on_done)
     for name in clocked:
         if name not in budgets:
             runs += [
@@ -293,6 +374,14 @@ def _run_lm(
                 for s in seeds
             ]
     return {"runs": runs, "wallclock": budgets}
+
+
+def _previous(out: Path) -> dict[str, Any]:
+    """study.json of an earlier invocation in ``out`` ({} if none or unreadable)."""
+    try:
+        return json.loads((out / "study.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 # --- the study's own analyses of its seed-0 runs ----------------------------------------------
@@ -325,14 +414,14 @@ def run_analyses(
 
 
 def _per_position(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analyze.per_position import compare, groupings, top_positions
+    from attnlab.analysis.per_position import compare, groupings, top_positions
 
     cmp = compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
     return {"by_region": groupings(cmp)["by_region"], "top": top_positions(cmp, 10)}
 
 
 def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analyze.names import name_test
+    from attnlab.analysis.names import name_test
 
     report = name_test(
         runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
@@ -341,8 +430,8 @@ def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analyze.gates import plot
-    from attnlab.eval.attention_stats import gate_means, load_inputs
+    from attnlab.analysis.gates import gate_means, plot
+    from attnlab.analysis.inputs import load_inputs
 
     inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
     means = gate_means(inputs.model, inputs.x)
@@ -357,8 +446,8 @@ def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _entropy(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analyze.entropy import plot, summary_rows
-    from attnlab.eval.attention_stats import entropies, load_baseline, load_inputs
+    from attnlab.analysis.entropy import entropies, plot, summary_rows
+    from attnlab.analysis.inputs import load_baseline, load_inputs
 
     inputs = load_inputs(runs[1], None, sizes.get("analysis_sequences", 50))
     sources = {"standard": entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
@@ -375,51 +464,62 @@ _ANALYSES = {"per_position": _per_position, "names": _names, "gates": _gates, "e
 
 
 # --- retrieval and overhead studies ------------------------------------------------------------
-def _run_retrieval(spec: StudySpec, preset: str, seeds: list[int]) -> dict[str, Any]:
-    """Every table cell: run_retrieval per seed, mean accuracy over seeds."""
-    from attnlab.eval.retrieval import run_retrieval
-
+def _run_retrieval(
+    spec: StudySpec,
+    preset: str,
+    seeds: list[int],
+    publish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """Every table cell under every protocol of ``params.protocols``: accuracy per seed and
+    mean and std over seeds; ``publish`` after each cell."""
     scale = spec.scale(preset).params
-    tables = []
-    for table in spec.params.get("tables", []):
-        cells = []
+    protocols: dict[str, dict[str, Any]] = spec.params.get("protocols", {"attnlab": {}})
+    settings = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
+    tables = [
+        {"title": t["title"], "rows": t.get("rows", {}), "cells": []}
+        for t in spec.params.get("tables", [])
+    ]
+    n_cells = sum(len(t["cells"]) for t in spec.params.get("tables", []))
+    tracker = Tracker(n_cells * len(protocols), progress)
+    for table, out_table in zip(spec.params.get("tables", []), tables, strict=True):
         for cell in table["cells"]:
             args = {**table.get("defaults", {}), **cell.get("args", {})}
-            settings = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
-            per_seed = [
-                run_retrieval(
-                    args["d"],
-                    args["patterns"],
-                    args["sigma"],
-                    args["methods"],
-                    rounds=args.get("rounds", 2),
-                    gate=args.get("gate", "mlp"),
-                    loss=args.get("loss", "cos-ce"),
-                    seed=s,
-                    **settings,
-                )
-                for s in seeds
-            ]
-            mean = {m: sum(r[m] for r in per_seed) / len(per_seed) for m in args["methods"]}
-            cells.append(
-                {
-                    "column": cell["column"],
-                    "args": args,
-                    "accuracy": mean,
+            row: dict[str, Any] = {"column": cell["column"], "args": args, "protocols": {}}
+            row["paper"] = cell.get("paper", {})
+            out_table["cells"].append(row)
+            for protocol, extra in protocols.items():
+                t0 = time.perf_counter()
+                per_seed = [
+                    run_retrieval(
+                        args["d"],
+                        args["patterns"],
+                        args["sigma"],
+                        args["methods"],
+                        rounds=args.get("rounds", 2),
+                        gate=args.get("gate", "mlp"),
+                        seed=s,
+                        protocol=protocol,
+                        **{**settings, **extra},
+                    )
+                    for s in seeds
+                ]
+                stats = {m: summarize([r[m] for r in per_seed]) for m in args["methods"]}
+                row["protocols"][protocol] = {
+                    "settings": {**settings, **extra},
+                    "accuracy": {m: st["mean"] for m, st in stats.items()},
+                    "std": {m: st["std"] for m, st in stats.items()},
                     "per_seed": per_seed,
-                    "paper": cell.get("paper", {}),
                 }
-            )
-        tables.append({"title": table["title"], "rows": table.get("rows", {}), "cells": cells})
+                result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
+                where = f"{table['title'].split(':')[0]} {cell['column']} ({protocol})"
+                publish([], {"tables": tables})
+                tracker.done(where, result, time.perf_counter() - t0)
     return {"tables": tables}
 
 
 def _run_overhead(spec: StudySpec, preset: str, out: Path) -> dict[str, Any]:
     """The kv-bias seed's Figure 2 through `attnlab bench overhead`'s interleaved timer."""
-    from dataclasses import asdict
-
-    from attnlab.bench import overhead
-
     opts = {**spec.params, **spec.scale(preset).params}
     rows, missing = overhead.measure(**opts)
     (out / "figures").mkdir(parents=True, exist_ok=True)
@@ -443,10 +543,18 @@ def run_study(
     seeds: int | None = None,
     jobs: int = 1,
     data: str | Path | None = None,
+    variants: list[str] | None = None,
+    progress: Progress | None = None,
+    command: str | None = None,
 ) -> dict[str, Any]:
-    """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md."""
-    from attnlab.studies.report import write_report
+    """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
+    The four files are rewritten after every finished run or table cell, so an interrupted
+    study shows what it has. ``variants`` restricts an LM study to those arms (and the
+    comparisons between them); ``command`` is recorded at the top of the report.
+    """
+    if variants:
+        spec = spec.select(variants)
     scale = spec.scale(preset)
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:
@@ -455,24 +563,7 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     seed_list = list(range(n_seeds))
     t0 = time.perf_counter()
-    extra: dict[str, Any] = {}
-    runs: list[dict[str, Any]] = []
-    if spec.kind == "lm":
-        result = _run_lm(spec, preset, out, seed_list, jobs, data)
-        runs, extra["wallclock"] = result["runs"], result["wallclock"]
-        extra["analyses"] = run_analyses(spec, preset, out, runs)
-    elif spec.kind == "retrieval":
-        extra.update(_run_retrieval(spec, preset, seed_list))
-    else:
-        extra.update(_run_overhead(spec, preset, out))
-    comparisons = compare(runs, spec) if runs else []
-    results = {
-        "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in runs],
-        "comparisons": comparisons,
-    }
-    _write_json(out / "results.json", results)
-    _write_csv(out / "results.csv", results["runs"])
-    study = {
+    header = {
         "name": spec.name,
         "description": spec.description,
         "kind": spec.kind,
@@ -481,19 +572,47 @@ def run_study(
         "jobs": jobs,
         "source": spec.source,
         "notes": scale.notes,
-        "elapsed_s": time.perf_counter() - t0,
-        "retrained": sum(not r.get("skipped", True) for r in runs),
-        "variants": variant_stats(runs, spec) if runs else {},
-        **extra,
+        "command": command,
+        "git_commit": environment(torch.device("cpu"))["git_commit"],
     }
-    _write_json(out / "study.json", study)
-    write_report(out, spec, preset, results, study)
-    return {**results, "study": study}
+
+    def publish(runs: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+        results = {
+            "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in runs],
+            "comparisons": compare(runs, spec) if runs else [],
+        }
+        _write_json(out / "results.json", results)
+        _write_csv(out / "results.csv", results["runs"])
+        study = {
+            **header,
+            "elapsed_s": time.perf_counter() - t0,
+            "retrained": sum(not r.get("skipped", True) for r in runs),
+            "variants": variant_stats(runs, spec) if runs else {},
+            **extra,
+        }
+        _write_json(out / "study.json", study)
+        write_report(out, spec, preset, results, study)
+        return {**results, "study": study}
+
+    runs: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    if spec.kind == "lm":
+        result = _run_lm(spec, preset, out, seed_list, jobs, data, publish, progress)
+        runs, extra["wallclock"] = result["runs"], result["wallclock"]
+        extra["analyses"] = run_analyses(spec, preset, out, runs)
+    elif spec.kind == "retrieval":
+        extra.update(_run_retrieval(spec, preset, seed_list, publish, progress))
+    else:
+        extra.update(_run_overhead(spec, preset, out))
+    return publish(runs, extra)
 
 
 def _write_json(path: Path, data: Any) -> None:
-    # NaN (t and p of a single pair) becomes null, so the file is strict JSON
-    path.write_text(json.dumps(_nan_to_none(data), indent=2) + "\n")
+    # NaN (t and p of a single pair) becomes null, so the file is strict JSON; written to a
+    # temporary name and renamed, so a reader never sees half a file
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_nan_to_none(data), indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -507,9 +626,9 @@ def _nan_to_none(x: Any) -> Any:
 
 
 def _write_csv(path: Path, runs: list[dict[str, Any]]) -> None:
-    import csv
-
-    with path.open("w", newline="") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
         writer.writeheader()
         writer.writerows(runs)
+    tmp.replace(path)

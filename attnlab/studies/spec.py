@@ -18,7 +18,7 @@ variant's own overrides < the scale's per-variant overrides. A scale (``[scale.c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,33 @@ class StudySpec:
     def baseline(self) -> str:
         """The first comparison's baseline (the reference arm of the study)."""
         return self.comparisons[0].baseline if self.comparisons else next(iter(self.variants))
+
+    def select(self, names: list[str]) -> StudySpec:
+        """This study restricted to the variants ``names`` and the comparisons between them.
+
+        A wall-clock-matched variant needs both the baseline it re-runs and the mechanism it is
+        timed against.
+        """
+        unknown = [n for n in names if n not in self.variants]
+        if unknown:
+            raise AttnlabError(
+                f"study {self.name!r} has no variant {unknown[0]!r}; "
+                f"it has {', '.join(self.variants)}"
+            )
+        for name in names:
+            v = self.variants[name]
+            missing = [n for n in (v.matches, v.clock_of) if n and n not in names]
+            if missing:
+                raise AttnlabError(
+                    f"variant {name!r} is timed from {' and '.join(missing)}: select "
+                    f"{'them' if len(missing) > 1 else 'it'} too"
+                )
+        keep = set(names)
+        return replace(
+            self,
+            variants={n: v for n, v in self.variants.items() if n in keep},
+            comparisons=[c for c in self.comparisons if c.baseline in keep and c.variant in keep],
+        )
 
     def scale(self, preset: str) -> Scale:
         if preset not in self.scales:

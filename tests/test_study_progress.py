@@ -1,0 +1,145 @@
+"""Long studies: one progress line per finished run, results rewritten after every run,
+mid-run resume equal to an uninterrupted study, and variant selection."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from attnlab.errors import AttnlabError
+from attnlab.studies.runner import run_study
+from attnlab.studies.spec import load_spec, parse_spec
+from attnlab.train.trainer import Trainer
+
+TWO_ARMS = {
+    "name": "two-arms",
+    "description": "vanilla against K/V-bias, tiny",
+    "variants": {
+        "base": {"preset": "shakespeare-char"},
+        "kv": {"preset": "kvbias-shakespeare-char", "model": {"n_embd": 24}},
+    },
+    "comparisons": [{"baseline": "base", "variant": "kv", "wallclock": True}],
+    "scale": {
+        "ci": {
+            "seeds": 2,
+            "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16},
+            "train": {
+                "max_iters": 8,
+                "lr_decay_iters": 8,
+                "warmup_iters": 1,
+                "batch_size": 4,
+                "eval_interval": 4,
+                "eval_iters": 1,
+                "log_interval": 2,
+                "device": "cpu",
+            },
+        }
+    },
+}
+
+
+def _spec():
+    return parse_spec(json.loads(json.dumps(TWO_ARMS)), "two-arms.toml")
+
+
+def test_progress_lines_and_results_after_every_run(tmp_path: Path, tiny_data: Path) -> None:
+    out = tmp_path / "study"
+    lines: list[str] = []
+    seen_runs: list[int] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        # results.json is already rewritten when the line for a run arrives
+        seen_runs.append(len(json.loads((out / "results.json").read_text())["runs"]))
+
+    run_study(_spec(), "ci", out, data=tiny_data, progress=progress, command="attnlab study x")
+    # 2 variants + the wall-clock-matched baseline, 2 seeds; seed-major order for the first two
+    assert len(lines) == 6 and seen_runs == [1, 2, 3, 4, 5, 6]
+    order = [re.match(r"\[\d/6\] (\S+) seed (\d)", line).groups() for line in lines]
+    assert order[:4] == [("base", "0"), ("kv", "0"), ("base", "1"), ("kv", "1")]
+    assert {o[0] for o in order[4:]} == {"base-wallclock"}
+    for k, line in enumerate(lines, 1):
+        assert re.search(rf"^\[{k}/6\] .*: val loss \d\.\d{{4}} after \d+ iters \(", line), line
+        assert f"; {6 - k} left" in line
+        assert ("ETA" in line) == (k < 6)
+    report = (out / "report.md").read_text()
+    assert re.search(r"^Produced by `attnlab study x` at commit `[0-9a-f]{40}`\.$", report, re.M)
+
+    # A second invocation computes nothing and says so on every line.
+    again: list[str] = []
+    run_study(_spec(), "ci", out, data=tiny_data, progress=again.append)
+    assert len(again) == 6 and all("finished earlier" in line for line in again)
+
+
+def test_interrupted_study_resumes_mid_run_and_equals_uninterrupted(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = tmp_path / "whole"
+    run_study(_spec(), "ci", whole, seeds=1, data=tiny_data)
+
+    # Interrupt the second run (kv, seed 0) after its checkpoint at iteration 4 of 8.
+    cut = tmp_path / "cut"
+    original = Trainer.run
+
+    def stop_halfway(self: Trainer, until: int | None = None) -> dict:
+        if self.run_dir.parent.name == "kv":
+            original(self, until=4)
+            raise KeyboardInterrupt
+        return original(self, until)
+
+    monkeypatch.setattr(Trainer, "run", stop_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_spec(), "ci", cut, seeds=1, data=tiny_data)
+    partial = json.loads((cut / "results.json").read_text())
+    assert [r["variant"] for r in partial["runs"]] == ["base"]  # what finished is published
+    # the stopped run left a summary at iteration 4: the study must not take it as finished
+    assert json.loads((cut / "runs/kv/seed0/summary.json").read_text())["iters"] == 4
+    monkeypatch.setattr(Trainer, "run", original)
+
+    resumed_iters: list[int] = []
+    monkeypatch.setattr(
+        Trainer,
+        "run",
+        lambda self, until=None: resumed_iters.append(self.state.iter) or original(self, until),
+    )
+    run_study(_spec(), "ci", cut, seeds=1, data=tiny_data)
+    assert resumed_iters[0] == 4  # the kv run went on from its checkpoint, not from 0
+
+    def finals(out: Path) -> dict:  # the wall-clock budget comes from timings: not compared
+        return {
+            (r["variant"], r["seed"]): (r["val_loss"], r["iters"])
+            for r in json.loads((out / "results.json").read_text())["runs"]
+            if r["variant"] != "base-wallclock"
+        }
+
+    assert finals(cut) == finals(whole)
+    a = load_file(str(whole / "runs/kv/seed0/latest/model.safetensors"))
+    b = load_file(str(cut / "runs/kv/seed0/latest/model.safetensors"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_variant_selection_keeps_comparisons_between_selected_arms() -> None:
+    spec = load_spec("kv-bias")
+    chosen = spec.select(["vanilla-128", "kv-bias-112", "vanilla-128-wallclock"])
+    assert list(chosen.variants) == ["vanilla-128", "kv-bias-112", "vanilla-128-wallclock"]
+    assert [(c.baseline, c.variant) for c in chosen.comparisons] == [
+        ("vanilla-128", "kv-bias-112"),
+        ("vanilla-128-wallclock", "kv-bias-112"),
+    ]
+    assert len(spec.variants) == 7  # the shipped spec itself is unchanged
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["vanilla-128", "nope"], "study 'kv-bias' has no variant 'nope'; it has vanilla-128, "),
+        (["vanilla-128-wallclock"], "is timed from vanilla-128 and kv-bias-112: select them too"),
+    ],
+)
+def test_variant_selection_errors(names: list[str], message: str) -> None:
+    with pytest.raises(AttnlabError, match=re.escape(message)):
+        load_spec("kv-bias").select(names)
