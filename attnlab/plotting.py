@@ -1,9 +1,16 @@
-"""Figures as PNG files, with no display needed: the one place that sets matplotlib up."""
+"""Figures as PNG files, with no display needed: the one place that sets matplotlib up.
+
+Conventions every figure follows (tests check them on the matplotlib objects): a title naming
+the run(s), axis labels with units, a label on every plotted series, plain tick labels on log
+axes, and legends placed where they hide no data (``legend_outside``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+SMOKE = "SMOKE TEST (--quick): tiny models, not a measurement"
 
 
 def pyplot() -> Any:
@@ -17,10 +24,44 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
-    """Lay out, write ``path`` (creating its folder) at 120 dpi, and free the figure."""
+    """Lay out, write ``path`` (creating its folder) at 120 dpi, and free the figure.
+
+    The Figure object stays usable for inspection (tests read its axes and lines).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     pyplot().close(fig)
     return path
+
+
+def plain_log_ticks(ax: Any, axis: str = "y") -> None:
+    """Tick labels on a log axis as plain numbers (0.5, 2, 20), never 6x10^0."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def legend_outside(fig: Any, axes: list[Any], ncol: int = 3) -> Any:
+    """One legend for all ``axes`` below them (each label once), so that it covers no data.
+
+    Needs a figure made with ``layout="constrained"``, which keeps room for it.
+    """
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    return fig.legend(
+        handles.values(), handles.keys(), loc="outside lower center", ncol=ncol, fontsize=8
+    )
+
+
+def labelled_lines(ax: Any) -> list[str]:
+    """Labels of the series drawn on ``ax`` (lines, bars, fills), skipping matplotlib's
+    unlabelled helpers; what a legend can show."""
+    return [label for label in ax.get_legend_handles_labels()[1] if not label.startswith("_")]

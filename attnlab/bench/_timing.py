@@ -179,3 +179,13 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
         ]
         lines.append("  ".join(cells))
     return "\n".join(lines)
+
+
+def figure_path(out: str | None, name: str, quick: bool) -> str:
+    """--out, else runs/bench/NAME.png; a --quick smoke test writes NAME-quick.png instead, so
+    that it never replaces a measured figure."""
+    return out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
+
+
+def out_help(name: str) -> str:
+    return f"PNG to write (default: runs/bench/{name}.png; with --quick {name}-quick.png)"

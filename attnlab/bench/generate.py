@@ -16,6 +16,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from attnlab.bench._timing import figure_path, out_help
 
 QUICK = dict(n_layer=1, n_embd=16, n_head=4, tokens=12, reps=1)
 
@@ -150,19 +153,26 @@ def table(rows: list[GenRow]) -> str:
     )
 
 
-def plot(rows: list[GenRow], out: str, title: str) -> None:
-    from attnlab.plotting import pyplot, save_figure
+def plot(rows: list[GenRow], out: str, title: str) -> Any:
+    """Per-token latency against position: one colour per model, solid cached, dotted recompute."""
+    from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
 
     plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 5.2), layout="constrained")
     for i, r in enumerate(rows):
         pos = range(1, len(r.latency_cache_ms) + 1)
-        ax.plot(pos, r.latency_cache_ms, "-", color=f"C{i}", label=f"{r.variant} (cache)")
-        ax.plot(pos, r.latency_full_ms, ":", color=f"C{i}", label=f"{r.variant} (recompute)")
-    ax.set(xlabel="generated position", ylabel="ms per token", yscale="log", title=title)
-    ax.legend(fontsize=7, ncol=2)
+        ax.plot(pos, r.latency_cache_ms, "-", color=f"C{i}", label=f"{r.variant}, KV cache")
+        ax.plot(pos, r.latency_full_ms, ":", color=f"C{i}", label=f"{r.variant}, recompute")
+    ax.set(
+        xlabel="generated position (tokens)",
+        ylabel="latency (ms per token)",
+        yscale="log",
+        title=title,
+    )
+    plain_log_ticks(ax)
+    legend_outside(fig, [ax], ncol=2)
     save_figure(fig, out)
+    return fig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -179,8 +189,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compile", action="store_true", help="torch.compile each model first (both modes)"
     )
-    p.add_argument("--quick", action="store_true", help="a tiny model and 12 tokens (a smoke test)")
-    p.add_argument("--out", default="runs/bench/generate.png", help="PNG to write")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} tokens, "
+        f"{QUICK['reps']} repetition: a smoke test, not a measurement",
+    )
+    p.add_argument("--out", help=out_help("generate"))
     p.set_defaults(func=run)
 
 
@@ -188,12 +203,14 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.bench.overhead import with_width
     from attnlab.bench.train import bench_config
     from attnlab.errors import AttnlabError
+    from attnlab.plotting import SMOKE
 
     cfg, _ = bench_config(args.preset)
     tokens, reps = args.tokens, args.reps
     if args.quick:
         cfg = with_width(cfg, QUICK["n_embd"], n_layer=QUICK["n_layer"], n_head=QUICK["n_head"])
         tokens, reps = QUICK["tokens"], QUICK["reps"]
+        print(SMOKE)
     if tokens < 4:
         raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")
     rows, missing = measure(cfg, tokens, reps, args.warmup, args.device, compile=args.compile)
@@ -204,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     print(table(rows))
     for name in missing:
         print(f"{name}: not available (the mechanism adds no parameters in this build)")
-    plot(rows, args.out, f"{args.preset}: per-token latency, {tokens} tokens")
-    print(f"wrote {args.out}")
+    title = f"bench generate, {args.preset}: per-token latency over {tokens} tokens"
+    out = figure_path(args.out, "generate", args.quick)
+    plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
+    print(f"wrote {out}")
     return 0

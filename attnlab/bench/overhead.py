@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from attnlab.bench._timing import figure_path, out_help
+
 # name -> ModelConfig overrides; shared with `bench generate`
 MECHANISMS: dict[str, dict[str, Any]] = {
     "kv-bias": {"use_m_gate": True},
@@ -237,49 +239,57 @@ def table(rows: list[Row]) -> str:
     )
 
 
-def plot(rows: list[Row], out: str, title: str) -> None:
-    """Left: step time against width; right: overhead % against width (solid equal, dashed matched)."""
-    from attnlab.plotting import pyplot, save_figure
+# how each kind of comparison is drawn: (label suffix, line style, marker, hollow marker)
+MATCH_STYLE: dict[str, tuple[str, str, str, bool]] = {
+    "equal": ("at equal width", "-", "o", False),
+    "params": ("parameter-matched (narrower)", "--", "s", True),
+    "fair": ("vs a widened vanilla (fair)", ":", "^", True),
+    "modern": ("vs its QKVE-style backbone", "-.", "D", False),
+}
+
+
+def plot(rows: list[Row], out: str, title: str) -> Any:
+    """Step time (left) and overhead against vanilla (right) per vanilla width: one colour per
+    mechanism, one line style and marker per comparison, every row of the table drawn."""
+    from attnlab.plotting import legend_outside, pyplot, save_figure
 
     plt = pyplot()
-
-    fig, (ax_t, ax_o) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_o) = plt.subplots(1, 2, figsize=(11, 5.2), layout="constrained")
     variants = list(dict.fromkeys(r.variant for r in rows))
+    widths = sorted({r.width for r in rows if r.match == "equal"})
     for i, variant in enumerate(variants):
-        color = f"C{i}"
-        for match, style in (("equal", "-"), ("params", "--")):
+        color = "black" if variant == "vanilla" else f"C{i}"
+        for match, (suffix, style, marker, hollow) in MATCH_STYLE.items():
             pts = [r for r in rows if r.variant == variant and r.match == match]
             if not pts:
                 continue
-            label = variant if match == "equal" else f"{variant} (param-matched)"
-            ax_t.plot(
-                [r.width for r in pts],
-                [r.ms for r in pts],
-                style,
-                marker="o",
+            # a fair row's width is the widened vanilla's: place it at the mechanism's own width
+            xs = [r.n_embd if match == "fair" else r.width for r in pts]
+            label = "vanilla" if variant == "vanilla" else f"{variant}, {suffix}"
+            kw = dict(
+                linestyle=style,
+                marker=marker,
                 color=color,
+                markerfacecolor="white" if hollow else color,
                 label=label,
             )
+            if match != "fair":  # a fair row's time is the equal-width row's
+                ax_t.plot(xs, [r.ms for r in pts], **kw)
             if variant != "vanilla":
-                ax_o.plot(
-                    [r.width for r in pts],
-                    [100 * (r.ratio - 1) for r in pts],
-                    style,
-                    marker="o",
-                    color=color,
-                    label=label,
-                )
-    ax_t.set(xlabel="n_embd (vanilla)", ylabel="ms per iteration", title="fwd + bwd + AdamW step")
+                ax_o.plot(xs, [100 * (r.ratio - 1) for r in pts], **kw)
+    ax_t.set(xlabel="vanilla n_embd", ylabel="step time (ms)", title="fwd + bwd + AdamW step")
     ax_o.set(
-        xlabel="n_embd (vanilla)",
+        xlabel="vanilla n_embd",
         ylabel="overhead vs vanilla (%)",
-        title="median of per-rep ratios",
+        title="step-time overhead (median of per-rep ratios)",
     )
     ax_o.axhline(0, color="grey", lw=0.8)
-    ax_t.legend(fontsize=7)
-    ax_o.legend(fontsize=7)
+    for ax in (ax_t, ax_o):
+        ax.set_xticks(widths)
+    legend_outside(fig, [ax_t, ax_o], ncol=3)
     fig.suptitle(title, fontsize=10)
     save_figure(fig, out)
+    return fig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -300,14 +310,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--compile", action="store_true", help="torch.compile every model (during warm-up)"
     )
     p.add_argument(
-        "--quick", action="store_true", help="tiny models, two repetitions (a smoke test)"
+        "--quick",
+        action="store_true",
+        help=f"widths {', '.join(map(str, QUICK['widths']))}, {QUICK['layers']} layer, "
+        f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement",
     )
-    p.add_argument("--out", default="runs/bench/overhead.png", help="PNG to write")
+    p.add_argument("--out", help=out_help("overhead"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.errors import AttnlabError
+    from attnlab.plotting import SMOKE
 
     try:
         widths = [int(w) for w in args.widths.split(",") if w.strip()]
@@ -325,14 +339,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.quick:
         opts.update(QUICK)
+        print(SMOKE)
     rows, missing = measure(**opts, warmup=args.warmup, device=args.device, compile=args.compile)
     print(table(rows))
     for name in missing:
         print(f"{name}: not available (the mechanism adds no parameters in this build)")
     title = (
-        f"{opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
+        f"bench overhead: {opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
         f"{opts['reps']} interleaved reps, {args.device}{', compiled' if args.compile else ''}"
     )
-    plot(rows, args.out, title)
-    print(f"wrote {args.out}")
+    out = figure_path(args.out, "overhead", args.quick)
+    plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
+    print(f"wrote {out}")
     return 0
