@@ -8,14 +8,10 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_train
 
+from attnlab.analysis.entropy import entropies
+from attnlab.analysis.hull import hull_table
+from attnlab.analysis.inputs import captured, evenly_spaced, validation_windows
 from attnlab.cli import main
-from attnlab.eval.attention_stats import (
-    captured,
-    entropies,
-    evenly_spaced,
-    hull_table,
-    validation_windows,
-)
 from attnlab.model.mechanisms.boost_gates import make_gate
 from attnlab.model.mechanisms.boosted import attention_entropy
 from attnlab.train.checkpoint import load_pretrained

@@ -11,14 +11,14 @@ import pytest
 import torch
 from conftest import run_cli, tiny_model, tiny_train
 
-from attnlab.eval.names import (
+from attnlab.analysis.names import (
     canonical_speakers,
     detect_style,
     extract_headers,
     header_spans,
     score_names,
 )
-from attnlab.eval.per_position import (
+from attnlab.analysis.per_position import (
     char_offsets,
     grouped_difference,
     header_distances,
@@ -96,8 +96,8 @@ def test_grouped_difference_by_hand() -> None:
 
 
 def test_per_position_mean_is_split_loss(tiny_data: Path) -> None:
+    from attnlab.analysis.loss import split_loss
     from attnlab.data.prepare import load_dataset
-    from attnlab.eval.loss import split_loss
     from attnlab.model import GPT
 
     tokens = load_dataset(tiny_data).val[:1000]
@@ -135,9 +135,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Pat
 
 def test_per_position_compare(runs: tuple[Path, Path]) -> None:
     from attnlab import from_pretrained
-    from attnlab.analyze.per_position import compare, escape, groupings, top_positions
+    from attnlab.analysis.loss import split_loss
+    from attnlab.analysis.per_position import compare, escape, groupings, top_positions
     from attnlab.data.prepare import load_dataset
-    from attnlab.eval.loss import split_loss
 
     cmp = compare(*runs, max_tokens=2000)
     assert cmp.loss_a.shape == cmp.loss_b.shape == (2000,) and len(cmp.pieces) == 2001
@@ -194,7 +194,7 @@ def test_per_position_cli(runs: tuple[Path, Path], tmp_path: Path) -> None:
 
 def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     from attnlab import from_pretrained
-    from attnlab.analyze.names import name_test, sample_texts, training_cast
+    from attnlab.analysis.names import name_test, sample_texts, training_cast
 
     model, tok = from_pretrained(runs[1])
     texts = sample_texts(model, tok, samples=3, length=70, seed=5)  # block 32: three segments

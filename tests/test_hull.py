@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.spatial import ConvexHull
 
-from attnlab.eval.hull import hull_distance, hull_distances
+from attnlab.analysis.hull import hull_distance, hull_distances
 
 SQUARE = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 

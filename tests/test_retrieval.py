@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from attnlab.eval.retrieval import (
+from attnlab.analysis.retrieval import (
     Converged,
     bayes_accuracy,
     make_patterns,

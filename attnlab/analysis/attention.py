@@ -1,62 +1,79 @@
-"""`attnlab analyze attention RUN`: attention of chosen tokens per round, head-averaged (Figure 6).
+"""Attention of chosen tokens per round, head-averaged (Figure 6).
 
-Tokens are ``--tokens`` positions of validation window ``--sequence``, or (with ``--baseline``)
-the ``--top`` tokens where the boosted run's loss beats the baseline's by the most.
+Tokens are given positions of one validation window, or (with a baseline) the ``top`` tokens
+where the boosted run's loss beats the baseline's by the most.
 """
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
-from attnlab.analyze import add_common_args, out_dir
+from attnlab.analysis.inputs import Inputs, captured, rounds_of, write_csv
+from attnlab.errors import AttnlabError
+from attnlab.plotting import pyplot, save_figure
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def token_losses(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cross-entropy [N, T] and greedy predictions [N, T]."""
+    losses, preds = [], []
+    for rows, logits, _ in captured(model, x):
+        losses.append(
+            torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2).float(), y[rows], reduction="none"
+            )
+        )
+        preds.append(logits.argmax(-1))
+    return torch.cat(losses), torch.cat(preds)
 
-    p = subparsers.add_parser(
-        "attention", help="attention weights of chosen tokens per round (Figure 6)"
+
+@torch.no_grad()
+def token_weights(
+    model: torch.nn.Module, x: torch.Tensor, sequence: int, position: int, layer: int
+) -> np.ndarray:
+    """Head-averaged attention of one query token over positions 0..t, per round: [rounds, t+1]."""
+    capture: dict[str, torch.Tensor] = {}
+    model.eval()
+    model(x[sequence : sequence + 1, : position + 1], capture=capture)
+    return np.stack(
+        [
+            capture[f"layer{layer}.r{m}.weights"][0, :, position].mean(0).cpu().numpy()
+            for m in range(rounds_of(model))
+        ]
     )
-    add_common_args(p)
-    p.add_argument("--baseline", metavar="RUN", help="a standard model to compare with (same data)")
-    p.add_argument("--tokens", help="comma-separated query positions in window --sequence")
-    p.add_argument(
-        "--sequence", type=int, default=0, help="validation window of --tokens (default 0)"
-    )
-    p.add_argument("--top", type=int, default=2, help="tokens to pick when --tokens is not given")
-    p.add_argument(
-        "--layer", type=int, default=1, help="layer to show (default 1, as in the paper)"
-    )
-    p.add_argument("--window", type=int, default=16, help="context positions shown per token")
-    p.set_defaults(func=run)
 
 
-def chosen_tokens(args: argparse.Namespace, inputs, baseline, losses) -> list[tuple[int, int]]:
-    """(sequence, position) pairs from --tokens, or where the boosted model gains most."""
-    from attnlab.errors import AttnlabError
-
+def chosen_tokens(
+    inputs: Inputs,
+    losses: dict[str, torch.Tensor],
+    tokens: list[int] | None = None,
+    sequence: int = 0,
+    top: int = 2,
+) -> list[tuple[int, int]]:
+    """(sequence, position) pairs: ``tokens`` of window ``sequence``, or where boosting gains most."""
     n, t = inputs.x.shape
-    if args.tokens:
-        if not 0 <= args.sequence < n:
-            raise AttnlabError(f"--sequence {args.sequence} is out of range: {n} windows loaded")
-        positions = [int(p) for p in args.tokens.split(",") if p.strip()]
-        bad = [p for p in positions if not 0 <= p < t]
+    if tokens:
+        if not 0 <= sequence < n:
+            raise AttnlabError(f"--sequence {sequence} is out of range: {n} windows loaded")
+        bad = [p for p in tokens if not 0 <= p < t]
         if bad:
             raise AttnlabError(f"--tokens {bad} out of range 0..{t - 1}")
-        return [(args.sequence, p) for p in positions]
-    if baseline is None:
+        return [(sequence, p) for p in tokens]
+    if "standard" not in losses:
         raise AttnlabError(
             "give --tokens POSITIONS, or --baseline RUN to pick the tokens boosting fixes"
         )
     gain = (losses["standard"] - losses["boosted"]).flatten()
-    return [divmod(int(i), t) for i in gain.topk(min(args.top, gain.numel())).indices]
+    return [divmod(int(i), t) for i in gain.topk(min(top, gain.numel())).indices]
 
 
-def plot(panels: list[dict], path):
+def plot(panels: list[dict], path: str | Path) -> Path:
     """One panel per token: grouped bars over its last context positions, one colour per source."""
-    from attnlab.plotting import pyplot, save_figure
-
     plt = pyplot()
     colours = {"standard": "tab:blue", "round0": "tab:gray", "round1": "tab:red"}
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), squeeze=False)
@@ -79,30 +96,31 @@ def plot(panels: list[dict], path):
     return save_figure(fig, path)
 
 
-def run(args: argparse.Namespace) -> int:
-    from attnlab.eval.attention_stats import (
-        load_baseline,
-        load_inputs,
-        token_losses,
-        token_weights,
-        write_csv,
-    )
-
-    inputs = load_inputs(args.run, args.data, args.sequences, args.device)
+def analyze(
+    inputs: Inputs,
+    out: Path,
+    baseline: torch.nn.Module | None = None,
+    tokens: list[int] | None = None,
+    sequence: int = 0,
+    top: int = 2,
+    layer: int = 1,
+    window: int = 16,
+) -> tuple[list[dict[str, Any]], Path, Path]:
+    """Weights of the chosen tokens in ``layer`` (clamped to the model's), ``window`` context
+    positions each, written to ``out``/attention.csv and attention.png: (panels, csv, png)."""
     model, tok = inputs.model, inputs.tokenizer
-    baseline = load_baseline(args.baseline, model, args.device) if args.baseline else None
     models = {"boosted": model, **({"standard": baseline} if baseline is not None else {})}
     scored = {name: token_losses(m, inputs.x, inputs.y) for name, m in models.items()}
     losses = {name: s[0] for name, s in scored.items()}
-    layer = min(max(args.layer, 0), model.config.n_layer - 1)
+    layer = min(max(layer, 0), model.config.n_layer - 1)
     rows, panels = [], []
-    for seq, pos in chosen_tokens(args, inputs, baseline, losses):
+    for seq, pos in chosen_tokens(inputs, losses, tokens, sequence, top):
         weights = {
             f"round{m}": w for m, w in enumerate(token_weights(model, inputs.x, seq, pos, layer))
         }
         if baseline is not None:
             weights = {"standard": token_weights(baseline, inputs.x, seq, pos, layer)[0], **weights}
-        first = max(0, pos + 1 - args.window)
+        first = max(0, pos + 1 - window)
         context = [tok.decode([int(i)]) for i in inputs.x[seq, first : pos + 1]]
         target = tok.decode([int(inputs.y[seq, pos])])
         preds = ", ".join(
@@ -130,9 +148,4 @@ def run(args: argparse.Namespace) -> int:
             for name, w in weights.items()
             for j, c in enumerate(context)
         ]
-        print(panels[-1]["title"])
-    out = out_dir(args)
-    csv_path = write_csv(out / "attention.csv", rows)
-    png = plot(panels, out / "attention.png")
-    print(f"wrote {csv_path} and {png}")
-    return 0
+    return panels, write_csv(out / "attention.csv", rows), plot(panels, out / "attention.png")

@@ -1,23 +1,42 @@
-"""`attnlab analyze entropy RUN [--baseline RUN]`: attention entropy per round and layer (Figure 5)."""
+"""Attention entropy per round and layer, optionally against a standard model (Figure 5)."""
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
-from attnlab.analyze import add_common_args, out_dir
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-
-    p = subparsers.add_parser("entropy", help="attention entropy per round and layer (Figure 5)")
-    add_common_args(p)
-    p.add_argument("--baseline", metavar="RUN", help="a standard model to compare with (same data)")
-    p.set_defaults(func=run)
+from attnlab.analysis.inputs import Inputs, captured, rounds_of, write_csv
+from attnlab.model.mechanisms.boosted import attention_entropy
+from attnlab.plotting import pyplot, save_figure
 
 
-def summary_rows(sources: dict[str, np.ndarray]) -> list[dict]:
+def entropies(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Entropy of every attention row: [rounds, L, N, H, T] (nats; row t is at most log(t + 1))."""
+    cfg = model.config
+    out = np.zeros((rounds_of(model), cfg.n_layer, x.size(0), cfg.n_head, x.size(1)))
+    for rows, _, cap in captured(model, x):
+        for m in range(rounds_of(model)):
+            for layer in range(cfg.n_layer):
+                out[m, layer, rows] = (
+                    attention_entropy(cap[f"layer{layer}.r{m}.weights"]).cpu().numpy()
+                )
+    return out
+
+
+def sources(inputs: Inputs, baseline: torch.nn.Module | None = None) -> dict[str, np.ndarray]:
+    """Entropies [L, N, H, T] by source: ``standard`` (the baseline, if any), ``round0``, ..."""
+    found: dict[str, np.ndarray] = {}
+    if baseline is not None:
+        found["standard"] = entropies(baseline, inputs.x)[0]
+    for m, ent in enumerate(entropies(inputs.model, inputs.x)):
+        found[f"round{m}"] = ent
+    return found
+
+
+def summary_rows(sources: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """Per source (name -> entropies [L, ...]): one row per layer and one over all layers."""
     rows = []
     for name, ent in sources.items():
@@ -35,10 +54,8 @@ def summary_rows(sources: dict[str, np.ndarray]) -> list[dict]:
     return rows
 
 
-def plot(sources: dict[str, np.ndarray], path):
+def plot(sources: dict[str, np.ndarray], path: str | Path) -> Path:
     """Left: histogram over all layers, heads and positions; right: mean per layer."""
-    from attnlab.plotting import pyplot, save_figure
-
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
     top = max(float(e.max()) for e in sources.values())
@@ -55,28 +72,10 @@ def plot(sources: dict[str, np.ndarray], path):
     return save_figure(fig, path)
 
 
-def run(args: argparse.Namespace) -> int:
-    from attnlab.eval.attention_stats import (
-        entropies,
-        load_baseline,
-        load_inputs,
-        write_csv,
-    )
-
-    inputs = load_inputs(args.run, args.data, args.sequences, args.device)
-    sources: dict[str, np.ndarray] = {}
-    if args.baseline:
-        sources["standard"] = entropies(
-            load_baseline(args.baseline, inputs.model, args.device), inputs.x
-        )[0]
-    for m, ent in enumerate(entropies(inputs.model, inputs.x)):
-        sources[f"round{m}"] = ent
-    out = out_dir(args)
-    rows = summary_rows(sources)
-    csv_path = write_csv(out / "entropy.csv", rows)
-    png = plot(sources, out / "entropy.png")
-    for row in rows:
-        if row["layer"] == "all":
-            print(f"{row['source']:>8}: mean entropy {row['mean']:.4f} nats")
-    print(f"over {inputs.x.size(0)} sequences; wrote {csv_path} and {png}")
-    return 0
+def analyze(
+    inputs: Inputs, out: Path, baseline: torch.nn.Module | None = None
+) -> tuple[list[dict[str, Any]], Path, Path]:
+    """Entropies written to ``out``/entropy.csv and entropy.png: (summary rows, csv, png)."""
+    found = sources(inputs, baseline)
+    rows = summary_rows(found)
+    return rows, write_csv(out / "entropy.csv", rows), plot(found, out / "entropy.png")

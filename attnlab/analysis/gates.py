@@ -1,23 +1,41 @@
-"""`attnlab analyze gates RUN`: gate values per layer and dimension (the paper's Figure 3)."""
+"""Boosting gates per layer, round and dimension (the paper's Figure 3)."""
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
+from typing import Any
 
-from attnlab.analyze import add_common_args, out_dir
+import numpy as np
+import torch
 
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-
-    p = subparsers.add_parser("gates", help="boosting gate per layer and dimension (Figure 3)")
-    add_common_args(p)
-    p.set_defaults(func=run)
+from attnlab.analysis.inputs import Inputs, captured, require_boosted, rounds_of, write_csv
+from attnlab.plotting import pyplot, save_figure
 
 
-def plot(means, path):
+def gate_means(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Mean gate per layer, round (1..M-1) and dimension over all windows and positions: [L, M-1, E]."""
+    require_boosted(model, "the gate analysis")
+    cfg = model.config
+    total = torch.zeros(cfg.n_layer, rounds_of(model) - 1, cfg.n_embd, dtype=torch.float64)
+    for _, _, cap in captured(model, x):
+        for layer in range(cfg.n_layer):
+            for m in range(1, rounds_of(model)):
+                total[layer, m - 1] += cap[f"layer{layer}.r{m}.gate"].double().sum(dim=(0, 1)).cpu()
+    return (total / (x.size(0) * x.size(1))).numpy()
+
+
+def gate_rows(means: np.ndarray) -> list[dict[str, Any]]:
+    """One row per layer, extra round and dimension."""
+    return [
+        {"layer": layer, "round": m + 1, "dim": d, "gate": float(means[layer, m, d])}
+        for layer in range(means.shape[0])
+        for m in range(means.shape[1])
+        for d in range(means.shape[2])
+    ]
+
+
+def plot(means: np.ndarray, path: str | Path) -> Path:
     """One panel per layer: gate per dimension for each extra round, dashed at g = 0.5."""
-    from attnlab.plotting import pyplot, save_figure
-
     plt = pyplot()
     n_layer, n_rounds, dim = means.shape
     fig, axes = plt.subplots(n_layer, 1, figsize=(8, 1.8 * n_layer), sharex=True, squeeze=False)
@@ -36,23 +54,7 @@ def plot(means, path):
     return save_figure(fig, path)
 
 
-def run(args: argparse.Namespace) -> int:
-    from attnlab.eval.attention_stats import gate_means, load_inputs, write_csv
-
-    inputs = load_inputs(args.run, args.data, args.sequences, args.device)
+def analyze(inputs: Inputs, out: Path) -> tuple[np.ndarray, Path, Path]:
+    """Gate means of ``inputs``, written to ``out``/gates.csv and gates.png: (means, csv, png)."""
     means = gate_means(inputs.model, inputs.x)
-    out = out_dir(args)
-    rows = [
-        {"layer": layer, "round": m + 1, "dim": d, "gate": float(means[layer, m, d])}
-        for layer in range(means.shape[0])
-        for m in range(means.shape[1])
-        for d in range(means.shape[2])
-    ]
-    csv_path = write_csv(out / "gates.csv", rows)
-    png = plot(means, out / "gates.png")
-    for layer in range(means.shape[0]):
-        print(
-            f"layer {layer}: gate mean {means[layer].mean():.4f}  std over dims {means[layer].std():.4f}"
-        )
-    print(f"over {inputs.x.size(0)} sequences; wrote {csv_path} and {png}")
-    return 0
+    return means, write_csv(out / "gates.csv", gate_rows(means)), plot(means, out / "gates.png")

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import torch
 
+from attnlab.data.bins import sequential_windows
+
 
 @torch.no_grad()
 def split_loss(
     model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 16
 ) -> dict[str, float]:
     """Mean cross-entropy and perplexity of ``model`` on ``tokens`` in block_size windows."""
-    from attnlab.data.bins import sequential_windows
-
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

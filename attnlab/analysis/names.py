@@ -1,4 +1,11 @@
-"""Speaker headers in play text: find them, build the canonical cast, score generated names.
+"""Do generated speaker names belong to the real cast? Headers in play text, the cast, the test.
+
+The seed's name-generation test: sample long texts, pull out every speaker header, and count
+how many name a speaker of the training text. Samples are drawn in cached segments: whenever
+the context fills the block, the cache is primed again with the last half block, so every
+token sees at least block_size / 2 tokens of context at KV-cache speed (``exact_window``
+recomputes nanoGPT's full sliding window at every step instead, block_size / 2 times the work).
+Same seed, same runs, same device: the same samples and the same report.
 
 Two header styles are recognised, each a line of its own right after a blank line (or at the
 start of the text) and followed by a line of speech:
@@ -19,6 +26,18 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.analysis.inputs import token_pieces
+from attnlab.data.corpus import load_corpus
+from attnlab.data.prepare import load_dataset
+from attnlab.errors import AttnlabError
+from attnlab.model.generation import generate
+from attnlab.rundir import shared_data_dir
+from attnlab.train.checkpoint import load_pretrained
 
 STYLES = ("dot", "colon")
 _NAME_RES = {
@@ -91,3 +110,95 @@ def score_names(samples: Iterable[str], canonical: set[str], style: str, top: in
         "most_common": names.most_common(top),
         "invented": invented.most_common(top),
     }
+
+
+def sample_texts(
+    model,
+    tokenizer,
+    samples: int,
+    length: int,
+    seed: int,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    prompt: str = "\n",
+    exact_window: bool = False,
+) -> list[str]:
+    """``samples`` texts of ``length`` new tokens after ``prompt``, drawn as one seeded batch."""
+    _check_sizes(samples, length)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    opts = dict(temperature=temperature, top_k=top_k, generator=gen)
+    out = torch.tensor([tokenizer.encode(prompt)] * samples, dtype=torch.long, device=device)
+    start = out.size(1)
+    if exact_window:
+        out = generate(model, out, length, **opts)
+    block, keep = model.config.block_size, max(1, model.config.block_size // 2)
+    while out.size(1) - start < length:  # cached segments, each primed with the last half block
+        context = out[:, -keep:]
+        new = min(length - (out.size(1) - start), block - context.size(1))
+        out = torch.cat([out, generate(model, context, new, **opts)[:, context.size(1) :]], dim=1)
+    return [tokenizer.decode(row) for row in out.tolist()]
+
+
+def _check_sizes(samples: int, length: int) -> None:
+    if samples < 1 or length < 1:
+        raise AttnlabError(f"--samples and --length must be >= 1, got {samples} and {length}")
+
+
+def training_cast(data: str | Path | None) -> tuple[set[str], str, str]:
+    """(canonical speaker names, header style, where they came from) of a data folder's train split.
+
+    ``None`` is the embedded corpus, read directly (no prepared folder needed).
+    """
+    if data is None:
+        text, source = load_corpus().train_text, "the embedded corpus"
+    else:
+        dataset = load_dataset(data)
+        if dataset.tokenizer.kind != "char":
+            raise AttnlabError(
+                f"{data}: the name test needs a char tokenizer (bpe drops the newlines)"
+            )
+        text, source = "".join(token_pieces(dataset.tokenizer, dataset.train)), str(dataset.dir)
+    names, style = canonical_speakers(text)
+    if not names:
+        raise AttnlabError(
+            f"no speaker headers (NAME. or Name: lines) in the training text of {source}"
+        )
+    return names, style, source
+
+
+def name_test(
+    runs: list[str | Path],
+    samples: int = 30,
+    length: int = 2000,
+    seed: int = 1337,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    data: str | Path | None = None,
+    exact_window: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """The name test for each run (same seed for all): the cast and one score per run."""
+    _check_sizes(samples, length)
+    cast, style, source = training_cast(shared_data_dir([str(run) for run in runs], data))
+    report: dict[str, Any] = {
+        "samples": samples,
+        "length": length,
+        "seed": seed,
+        "temperature": temperature,
+        "top_k": top_k,
+        "exact_window": exact_window,
+        "style": style,
+        "cast_source": source,
+        "cast_size": len(cast),
+        "runs": {},
+    }
+    for run in runs:
+        model, tokenizer = load_pretrained(run, device=device)
+        if tokenizer is None:
+            raise AttnlabError(f"{run} has no tokenizer.json; cannot decode samples")
+        texts = sample_texts(
+            model, tokenizer, samples, length, seed, temperature, top_k, exact_window=exact_window
+        )
+        report["runs"][str(run)] = score_names(texts, cast, style)
+    return report

@@ -1,17 +1,31 @@
-"""Per-position loss over a token stream, and groupings of it by where each target sits in the text.
+"""Per-position loss of two runs on the same text, and where on it B beats A.
 
-Windows are the same sequential ``block_size`` windows as attnlab.eval.loss.split_loss, so the
-mean of the per-position losses is that function's loss. Positions are targets: entry ``i`` is
-the loss of predicting ``tokens[i + 1]``.
+Windows are the same sequential ``block_size`` windows as attnlab.analysis.loss.split_loss, so
+the mean of the per-position losses is that function's loss. Positions are targets: entry ``i``
+is the loss of predicting ``tokens[i + 1]``. Both runs score every validation token in the same
+windows (the smaller of the two block sizes); the positions where B's loss is lowest relative to
+A's are listed with their context (``\\n\\nCUR -> T``), and B - A is grouped by column in the
+line and by distance from the start of the latest speaker header (the seed's finding: K/V-bias
+wins mid-name).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from attnlab.analysis.inputs import token_pieces, write_csv
+from attnlab.analysis.names import detect_style, header_spans
+from attnlab.data.bins import sequential_windows
+from attnlab.data.prepare import load_dataset
+from attnlab.errors import AttnlabError
+from attnlab.rundir import shared_data_dir
+from attnlab.train.checkpoint import load_pretrained
 
 # groups beyond these are pooled into one last bucket, so a table stays readable
 MAX_COLUMN = 80
@@ -27,8 +41,6 @@ def per_position_losses(
     ``block_size`` (at most the model's) sets the window; pass the same value to compare models
     with different context lengths on identical contexts.
     """
-    from attnlab.data.bins import sequential_windows
-
     block = block_size or model.config.block_size
     if block > model.config.block_size:
         raise ValueError(f"block_size={block} exceeds the model's {model.config.block_size}")
@@ -51,12 +63,6 @@ def per_position_losses(
     return torch.cat(out).numpy()
 
 
-def token_pieces(tokenizer, tokens: np.ndarray) -> list[str]:
-    """The text of each token: a lookup table over the vocabulary, not one decode per token."""
-    table = np.array([tokenizer.decode([i]) for i in range(tokenizer.vocab_size)], dtype=object)
-    return table[np.asarray(tokens, dtype=np.int64)].tolist()
-
-
 def char_offsets(pieces: Sequence[str]) -> np.ndarray:
     """Start offset of each token in ``"".join(pieces)``."""
     return np.concatenate([[0], np.cumsum([len(p) for p in pieces])[:-1]]).astype(np.int64)
@@ -73,8 +79,6 @@ def line_columns(text: str, offsets: np.ndarray) -> np.ndarray:
 
 def header_distances(text: str, offsets: np.ndarray, style: str) -> tuple[np.ndarray, np.ndarray]:
     """(characters since the start of the latest speaker header line, -1 before any; in-header flag)."""
-    from attnlab.eval.names import header_spans
-
     starts = np.full(len(text) + 1, -1, dtype=np.int64)
     ends = np.full(len(text) + 1, -1, dtype=np.int64)
     for h in header_spans(text, style):
@@ -107,3 +111,104 @@ def grouped_difference(
         )
         for key in np.unique(labels)
     ]
+
+
+@dataclass
+class Comparison:
+    """Per-target losses of two models on one token stream (target i is token i + 1)."""
+
+    loss_a: np.ndarray
+    loss_b: np.ndarray
+    pieces: list[str]  # text of every token, targets included
+    block_size: int
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def escape(text: str) -> str:
+    """One-line form of a text snippet: backslash, newline and tab spelled out."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def compare(
+    run_a: str | Path,
+    run_b: str | Path,
+    data: str | Path | None = None,
+    max_tokens: int | None = None,
+    batch_size: int = 16,
+    device: str = "cpu",
+) -> Comparison:
+    """Score the validation split of ``data`` (default: the runs' data) with both runs."""
+    if max_tokens is not None and max_tokens < 1:
+        raise AttnlabError(f"--max-tokens must be >= 1, got {max_tokens}")
+    dataset = load_dataset(shared_data_dir([str(run_a), str(run_b)], data))
+    tokens = dataset.val if max_tokens is None else dataset.val[: max_tokens + 1]
+    models = []
+    for run in (run_a, run_b):
+        model, tokenizer = load_pretrained(run, device=device)
+        if tokenizer is not None and tokenizer.hf.get_vocab() != dataset.tokenizer.hf.get_vocab():
+            raise AttnlabError(f"{run} uses another tokenizer than the data folder {dataset.dir}")
+        models.append(model)
+    block = min(m.config.block_size for m in models)
+    loss_a, loss_b = (per_position_losses(m, tokens, block, batch_size) for m in models)
+    return Comparison(loss_a, loss_b, token_pieces(dataset.tokenizer, tokens), block)
+
+
+def top_positions(cmp: Comparison, n: int = 20, context: int = 12) -> list[dict[str, Any]]:
+    """The ``n`` targets where B's loss is lowest relative to A's, with their context."""
+    gain = cmp.loss_a - cmp.loss_b
+    rows = []
+    for rank, i in enumerate(np.argsort(-gain, kind="stable")[:n], start=1):
+        before = "".join(cmp.pieces[max(0, i + 1 - context) : i + 1])[-context:]
+        rows.append(
+            {
+                "rank": rank,
+                "position": int(i) + 1,
+                "context": escape(before),
+                "target": escape(cmp.pieces[i + 1]),
+                "loss_a": float(cmp.loss_a[i]),
+                "loss_b": float(cmp.loss_b[i]),
+                "a_minus_b": float(gain[i]),
+            }
+        )
+    return rows
+
+
+def groupings(cmp: Comparison) -> dict[str, list[dict[str, Any]]]:
+    """B - A inside speaker headers vs speech, by column in the line, and by distance from the
+    first character of the latest speaker header line."""
+    text = cmp.text
+    offsets = char_offsets(cmp.pieces)[1:]  # targets only
+    distance, in_header = header_distances(text, offsets, detect_style(text))
+    regions = [
+        ("header", in_header),
+        ("speech", (distance >= 0) & ~in_header),
+        ("before any header", distance < 0),
+    ]
+    return {
+        "by_region": [
+            difference_row(name, mask, cmp.loss_a, cmp.loss_b)
+            for name, mask in regions
+            if mask.any()
+        ],
+        "by_column": grouped_difference(
+            line_columns(text, offsets), cmp.loss_a, cmp.loss_b, MAX_COLUMN
+        ),
+        "by_header_distance": grouped_difference(
+            distance, cmp.loss_a, cmp.loss_b, MAX_HEADER_DISTANCE
+        ),
+    }
+
+
+def write_tables(
+    cmp: Comparison, out: Path, top: int = 20, context: int = 12
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], list[Path]]:
+    """The top positions to ``out`` (CSV) and each grouping next to it as ``out``_NAME.csv:
+    (top rows, groupings, paths written)."""
+    rows, groups = top_positions(cmp, top, context), groupings(cmp)
+    written = [write_csv(out, rows)]
+    for name, group in groups.items():
+        written.append(write_csv(out.with_name(f"{out.stem}_{name}.csv"), group))
+    return rows, groups, written

@@ -15,26 +15,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run_data_dir(model_path: str) -> str | None:
-    """The data folder a run was trained on (from its config.json), if it is a run folder."""
-    import json
-    from pathlib import Path
-
-    path = Path(model_path) / "config.json"
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "data" in data:
-            return data["data"]
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     import json
 
     from attnlab import from_pretrained
+    from attnlab.analysis.loss import split_loss
     from attnlab.data.prepare import load_dataset
     from attnlab.device import resolve_device
-    from attnlab.eval.loss import split_loss
+    from attnlab.rundir import run_data_dir
 
     model, _ = from_pretrained(args.model, device=resolve_device(args.device))
     data = load_dataset(args.data or run_data_dir(args.model))

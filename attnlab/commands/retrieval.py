@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.eval.retrieval import run_retrieval
+    from attnlab.analysis.retrieval import run_retrieval
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results = run_retrieval(

@@ -1,13 +1,40 @@
-"""`attnlab analyze <name> ...`: analyses of trained runs (one module each in attnlab/analyze/)."""
+"""`attnlab analyze <name> ...`: analyses of trained runs, one sub-command module each here.
+
+The analyses themselves live in attnlab.analysis; each module here registers its parser when
+the CLI starts and imports its analysis (and torch) only once it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnlab.cli import register_all
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnlab import analyze
-    from attnlab.cli import register_all
-
     parser = subparsers.add_parser("analyze", help="analyses of trained runs")
-    register_all(parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS"), analyze)
+    register_all(
+        parser.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS"),
+        sys.modules[__name__],
+    )
+
+
+def add_common_args(parser: Any, sequences: int = 50) -> None:
+    """RUN, --data, --sequences, --out, --device: the arguments every attention analysis takes."""
+    parser.add_argument("run", metavar="RUN", help="a run folder or model folder")
+    parser.add_argument("--data", help="prepared data folder (default: the run's own data)")
+    parser.add_argument(
+        "--sequences",
+        type=int,
+        default=sequences,
+        help=f"validation windows to average over (default {sequences})",
+    )
+    parser.add_argument("--out", help="output folder (default: RUN/analysis)")
+    parser.add_argument("--device", default="cpu")
+
+
+def out_dir(args: Any) -> Path:
+    return Path(args.out) if args.out else Path(args.run) / "analysis"
