@@ -11,6 +11,7 @@ from conftest import tiny_model, tiny_train
 from safetensors.torch import load_file
 
 from attnlab.data.bins import BatchSampler
+from attnlab.rundir import LOCK_FILE
 from attnlab.train.trainer import Trainer
 
 
@@ -46,7 +47,8 @@ def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(
     ):
         assert (run / name).is_file(), name
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    # no temporary folders left; the run's lock file stays (see attnlab.rundir)
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [LOCK_FILE]
     saved = json.loads((run / "config.json").read_text())
     assert saved["model"]["use_m_gate"] and saved["train"]["max_iters"] == 30
     assert saved["model"]["vocab_size"] == trainer.data.meta["vocab_size"]

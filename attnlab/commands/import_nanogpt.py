@@ -86,6 +86,7 @@ def import_nanogpt(
     from attnlab.config import ModelConfig
     from attnlab.fsutil import refuse_foreign, replace_folder
     from attnlab.model import GPT
+    from attnlab.model.memory import check_fits
     from attnlab.train.checkpoint import load_weights_strict, safe_torch_load, write_model_folder
 
     refuse_foreign(Path(out), "model folder", overwrite)  # before the slow part
@@ -113,6 +114,7 @@ def import_nanogpt(
         raise AttnlabError(
             f"{meta} has {tokenizer.vocab_size} characters, the model only {config.vocab_size} ids"
         )
+    check_fits(config, "cpu", what=str(ckpt_path))
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too
     load_weights_strict(model, sd, str(ckpt_path))
     with replace_folder(out, "model folder", overwrite) as tmp:

@@ -95,7 +95,10 @@ def shapes_only(config: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.model.memory import check_fits
+
     config = load_config(args.target, args.overrides)
+    check_fits(config, "cpu", what=args.target)  # shapes_only allocates the weights on the CPU
     model = shapes_only(config)
     counts = parameter_counts(model)
     print(f"{args.target}\n\nconfig")
