@@ -103,7 +103,7 @@ def test_code_running_trainer_state_is_refused_on_resume(train_tiny, tmp_path: P
     train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
     torch.save({"optimizer": RunsCode(marker)}, run / "latest" / ckpt.TRAINER_STATE)
     with pytest.raises(AttnlabError) as err:
-        Trainer(run, resume=True)
+        Trainer.resume(run)
     path = run / "latest" / ckpt.TRAINER_STATE
     assert str(err.value).startswith(f"{path} refused: it is not a plain weights file (")
     assert not marker.exists()
@@ -195,3 +195,137 @@ def test_corrupted_tokenizer_json_gets_one_clear_line(model_dir: Path, damage):
     path = model_dir / "tokenizer.json"
     path.write_text(damage(path.read_text()))
     assert one_line_error(model_dir).startswith(f"{path}: not a valid tokenizer.json (")
+
+
+class Calls:
+    """Unpickling this calls ``func(*args)``."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+@pytest.mark.parametrize(
+    ("payload", "name"),
+    [
+        (Calls(os.system, "true"), f"{os.system.__module__}.system"),
+        (Calls(exec, "1"), "builtins.exec"),
+        (Calls(eval, "1"), "builtins.eval"),
+        (Calls(__import__, "os"), "builtins.__import__"),
+    ],
+)
+def test_refusal_names_the_global_and_gives_no_unsafe_advice(model_dir: Path, payload, name):
+    path = model_dir / ckpt.BIN_WEIGHTS
+    (model_dir / ckpt.WEIGHTS).unlink()
+    torch.save({"transformer.wte.weight": payload}, path)
+    assert one_line_error(model_dir) == (
+        f"{path} refused: it is not a plain weights file (it imports {name}, which could run code)"
+    )
+
+
+def _norm_eps(text: str) -> str:  # the issue's one-bit change: 1e-05 -> 1e-01 loads silently
+    return text.replace('"norm_eps": 1e-05', '"norm_eps": 0.1')
+
+
+def _vocab_entry(text: str) -> str:  # two characters swap ids: same size, other text
+    return text.replace('"a": ', '"a_": ').replace('"b": ', '"a": ').replace('"a_": ', '"b": ')
+
+
+@pytest.mark.parametrize(
+    ("name", "edit"), [("config.json", _norm_eps), ("tokenizer.json", _vocab_entry)]
+)
+def test_a_changed_config_or_tokenizer_is_caught_by_its_digest(model_dir: Path, name, edit):
+    path = model_dir / name
+    text = path.read_text()
+    assert edit(text) != text
+    path.write_text(edit(text))
+    assert one_line_error(model_dir) == (
+        f"{path} was changed after the model was saved: it does not match the sha256 recorded "
+        f"in {ckpt.WEIGHTS}"
+    )
+
+
+def test_a_missing_tokenizer_is_caught_by_its_digest(model_dir: Path):
+    (model_dir / ckpt.TOKENIZER).unlink()
+    assert one_line_error(model_dir) == (
+        f"{model_dir / ckpt.TOKENIZER} is missing; {ckpt.WEIGHTS} was saved with it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("contents", "expected"),
+    [
+        ([1, 2], "{path} holds a list, not a dict of tensors"),
+        ({"transformer.wte.weight": 3}, "{path}: entry 'transformer.wte.weight' is a int, not a tensor"),
+        ({"transformer.wte.weight": torch.tensor([1.0, float("nan")])},
+         "{path}: tensor transformer.wte.weight holds NaN or infinite values"),
+        ({"transformer.wte.weight": torch.tensor([float("inf")])},
+         "{path}: tensor transformer.wte.weight holds NaN or infinite values"),
+    ],
+)  # fmt: skip
+def test_odd_or_non_finite_weights_get_one_line(model_dir: Path, contents, expected):
+    path = model_dir / ckpt.BIN_WEIGHTS
+    (model_dir / ckpt.WEIGHTS).unlink()
+    torch.save(contents, path)
+    assert one_line_error(model_dir) == expected.format(path=path)
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(model_dir: Path):
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((model_dir / ckpt.CONFIG).read_text())
+    config["vocab_size"] = 8
+    (model_dir / ckpt.CONFIG).write_text(json.dumps(config))
+    sd = {
+        k: v[:8] if v.shape[0] != 32 else v for k, v in load_file(model_dir / ckpt.WEIGHTS).items()
+    }
+    save_file(sd, str(model_dir / ckpt.WEIGHTS))  # another tool's file: no digests
+    n = len(json.loads((model_dir / ckpt.TOKENIZER).read_text())["model"]["vocab"])
+    assert one_line_error(model_dir) == (
+        f"{model_dir / ckpt.TOKENIZER}: {n} tokens, more than the model's vocab_size=8"
+    )
+
+
+def _a_list(state: dict) -> object:
+    return [state]
+
+
+def _no_optimizer(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k != "optimizer"}
+
+
+def _rng_not_a_tensor(state: dict) -> dict:
+    return {**state, "torch_rng": "seed"}
+
+
+def _unknown_state_field(state: dict) -> dict:
+    return {**state, "state": {**state["state"], "epoch": 3}}
+
+
+def _foreign_optimizer(state: dict) -> dict:
+    optimizer = state["optimizer"]
+    return {**state, "optimizer": {**optimizer, "param_groups": optimizer["param_groups"][:1]}}
+
+
+@pytest.mark.parametrize(
+    ("tamper", "expected"),
+    [
+        (_a_list, "{path} is not an attnlab trainer state (missing or odd: optimizer, sampler, "
+         "torch_rng, state)"),
+        (_no_optimizer, "{path} is not an attnlab trainer state (missing or odd: optimizer)"),
+        (_rng_not_a_tensor, "{path} is not an attnlab trainer state (missing or odd: torch_rng)"),
+        (_unknown_state_field, "{path} does not fit this run ("),
+        (_foreign_optimizer, "{path} does not fit this run ("),
+    ],
+)  # fmt: skip
+def test_a_tampered_trainer_state_gets_one_line(train_tiny, tmp_path: Path, tamper, expected):
+    run = tmp_path / "run"
+    train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
+    path = run / "latest" / ckpt.TRAINER_STATE
+    torch.save(tamper(torch.load(path, weights_only=True)), path)
+    with pytest.raises(AttnlabError) as err:
+        Trainer(run, resume=True)
+    assert str(err.value).startswith(expected.format(path=path))
+    assert "\n" not in str(err.value)
