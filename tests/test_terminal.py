@@ -369,3 +369,30 @@ def test_sample_compile_says_so(tiny_run, monkeypatch, capsys) -> None:
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "compiling the model for decoding (torch.compile) ..."
     assert err[1].startswith("compiled in ") and err[1].endswith(" s")
+
+
+def test_prepare_reports_each_stage(tmp_path, capsys) -> None:
+    import json
+    import re
+
+    from attnlab.cli import main
+    from attnlab.data.corpus import embedded_documents
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(t for _, t in embedded_documents()[:2])[:50_000])
+    out = tmp_path / "prepared"
+    assert main(["prepare", "--corpus", str(corpus), "--out", str(out)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    err = capsys.readouterr().err.splitlines()
+    train_kb = len(corpus.read_bytes()) * 0.9 / 1e3  # the last tenth of the document is val
+    patterns = [
+        rf"reading {re.escape(str(corpus))}: 1 documents, \d+ kB train \+ \d kB val text",
+        rf"training the char tokenizer: {meta['vocab_size']} tokens",
+        rf"encoding train \((\d+) kB\): {meta['train_tokens']:,} tokens",
+        rf"encoding val \(\d kB\): {meta['val_tokens']:,} tokens",
+    ]
+    patterns = [p + r" \(\d+\.\d s\)" for p in patterns]
+    assert len(err) == len(patterns)
+    for line, pattern in zip(err, patterns, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    assert abs(int(re.fullmatch(patterns[2], err[2])[1]) - train_kb) <= 1

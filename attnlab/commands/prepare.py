@@ -48,7 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.data.prepare import META_FILE, prepare
 
     out = prepare(
-        args.corpus, args.tokenizer, args.vocab_size, args.out, args.val_fraction, args.overwrite
+        args.corpus,
+        args.tokenizer,
+        args.vocab_size,
+        args.out,
+        args.val_fraction,
+        args.overwrite,
+        progress=True,
     )
     meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
     n_docs = len(meta["provenance"]["documents"])

@@ -13,10 +13,12 @@ BPE merges are learned on train text only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,10 +72,13 @@ def prepare(
     out: str | Path | None = None,
     val_fraction: float = 0.1,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> Path:
     """Load, split, tokenize and write ``sources`` into the folder ``out``; return ``out``.
 
     A prepared folder at ``out`` is replaced; any other non-empty folder only with ``overwrite``.
+    ``progress`` reports each stage and its time on stderr (with the tokenizers library's own
+    bars while a BPE trains, on a terminal).
     """
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
     if out is None:
@@ -83,23 +88,65 @@ def prepare(
     out = Path(out).expanduser()
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
     with replace_folder(out, "prepared data folder", overwrite, is_data_folder) as tmp:
-        corpus = load_corpus(sources, val_fraction)
-        if bpe_vocab is None:
-            tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
-        elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
-            tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab)
-        else:
-            tok = Tokenizer.train_bpe(corpus.train_text, bpe_vocab, alphabet=corpus.val_text)
+        with _stage(progress, f"reading {', '.join(sources or [EMBEDDED])}") as done:
+            corpus = load_corpus(sources, val_fraction)
+            done.append(
+                f"{len(corpus.provenance['documents'])} documents, "
+                f"{_mb(corpus.train_text)} train + {_mb(corpus.val_text)} val text"
+            )
+        what = "char" if bpe_vocab is None else f"{tokenizer} (vocab {bpe_vocab:,})"
+        bars = progress and sys.stderr.isatty()  # the library's bars only draw on a terminal
+        with _stage(progress, f"training the {what} tokenizer") as done:
+            if bpe_vocab is None:
+                tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
+            elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
+                tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab, bars)
+            else:
+                tok = Tokenizer.train_bpe(
+                    corpus.train_text, bpe_vocab, alphabet=corpus.val_text, show_progress=bars
+                )
+            done.append(f"{tok.vocab_size:,} tokens")
         counts = {}
         for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
-            ids = tok.encode(text)
-            dtype = write_tokens(tmp / f"{split}.bin", ids, tok.vocab_size)
+            with _stage(progress, f"encoding {split} ({_mb(text)})") as done:
+                ids = tok.encode(text)
+                dtype = write_tokens(tmp / f"{split}.bin", ids, tok.vocab_size)
+                done.append(f"{len(ids):,} tokens")
             counts[f"{split}_tokens"] = len(ids)
         tok.save(tmp / TOKENIZER_FILE)
         meta = {"vocab_size": tok.vocab_size, "dtype": dtype, **counts, "tokenizer": tok.kind}
         meta["provenance"] = corpus.provenance
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def _mb(text: str) -> str:
+    """The UTF-8 size of ``text``: 4.5 MB, 48 kB."""
+    n = len(text.encode("utf-8"))
+    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+@contextlib.contextmanager
+def _stage(show: bool, what: str) -> Iterator[list[str]]:
+    """One stderr line per finished stage: what, what it gave (the caller appends), its time.
+
+    On a terminal the line appears when the stage starts (ending in "...") and is completed in
+    place; elsewhere only finished stages print, so a failure stays a one-line error.
+    """
+    live = show and sys.stderr.isatty()
+    if live:
+        print(f"{what} ...", end="", file=sys.stderr, flush=True)
+    started, done = time.perf_counter(), []
+    try:
+        yield done
+    except BaseException:
+        if live:
+            print(file=sys.stderr)
+        raise
+    if show:
+        took = time.perf_counter() - started
+        end = f"{what}: {', '.join(done)} ({took:.1f} s)"
+        print(f"\r{end}" if live else end, file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -109,12 +109,18 @@ class Tokenizer:
 
     @classmethod
     def train_bpe(
-        cls, text: str, vocab_size: int, *, alphabet: Iterable[str] | None = None
+        cls,
+        text: str,
+        vocab_size: int,
+        *,
+        alphabet: Iterable[str] | None = None,
+        show_progress: bool = False,
     ) -> Tokenizer:
         """BPE of ``vocab_size`` tokens learned on ``text``.
 
         ``alphabet`` adds characters that must be in the vocabulary even if ``text`` lacks them
         (prepare passes the characters of the held-out text, which it must not learn merges on).
+        ``show_progress``: the tokenizers library's own progress bars (on a terminal).
         """
         if vocab_size < 2:
             raise AttnlabError(f"BPE vocab size must be at least 2, got {vocab_size}")
@@ -127,7 +133,7 @@ class Tokenizer:
             vocab_size=vocab_size,
             special_tokens=[UNK],
             continuing_subword_prefix=SUBWORD_PREFIX,
-            show_progress=False,
+            show_progress=show_progress,
         )
         # Every character needs a word-initial token "c" and a continuation token "##c", or it
         # encodes as <unk> wherever it shows up in the other position than seen in training.
@@ -138,7 +144,7 @@ class Tokenizer:
         return cls(hf)
 
     @classmethod
-    def train_byte_bpe(cls, text: str, vocab_size: int) -> Tokenizer:
+    def train_byte_bpe(cls, text: str, vocab_size: int, show_progress: bool = False) -> Tokenizer:
         """Byte-level BPE of ``vocab_size`` tokens (the 256 byte tokens included) learned on ``text``."""
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         if vocab_size <= len(alphabet):
@@ -150,7 +156,7 @@ class Tokenizer:
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False
+            vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=show_progress
         )
         # keepends: newlines are tokens here, and merges such as ".\n" are worth learning
         hf.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
