@@ -297,6 +297,8 @@ def test_nanogpt_style_flags_are_overrides(tmp_path, tiny_data, capsys) -> None:
     printed = capsys.readouterr().out
     assert json.loads(printed[printed.index("\n{") :])["iters"] == 3
 
+    assert main(["info", "qkve-small", "--n_layer=2", "n_head=4"]) == 0
+    assert "  n_layer            2\n" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
         main(["sample", str(out), "--max_iters=3"])  # sample takes no config fields
     assert (

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("target", metavar="PRESET_OR_FOLDER")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model fields to change first")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, overrides_in="overrides")
 
 
 def parameter_counts(model: Any) -> dict[str, int]:
