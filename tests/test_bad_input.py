@@ -210,3 +210,83 @@ def test_study_variant_names_cannot_escape_out(attnlab, tmp_path: Path, name):
         f"{spec}: variant name {name!r} cannot be a folder name (no '/', '\\', ':' or leading '.')"
     )
     assert snapshot(tmp_path.parent) == before
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu"}, {"tie_embeddings": False},
+     {"n_kv_head": 2, "ffn_sublayers": 2, "d_ffn": 48}],
+)  # fmt: skip
+def test_parameter_estimate_is_the_backbone_without_norms(overrides):
+    from conftest import tiny_model
+
+    from attnlab.model import GPT
+    from attnlab.model.memory import parameter_count
+
+    config = tiny_model(**overrides)
+    norms = (config.n_layer * (1 + config.ffn_sublayers) + 1) * config.n_embd
+    assert parameter_count(config) == GPT(config).get_num_params(non_embedding=False) - norms
+
+
+GIB8 = 8 * 2**30
+
+
+def _needs(params: int, gib: float, task: str, batch: bool) -> str:
+    return (
+        f"cannot fit: {params:,} parameters need at least {gib:,.1f} GiB {task}, and cpu has "
+        f"8.0 GiB; make it smaller (n_layer, n_embd, block_size, vocab_size"
+        + (", batch_size)" if batch else ")")
+    )
+
+
+def _tiny_params(n_layer: int, vocab: int) -> int:
+    """TINY's model (width 32, block 32, tied, learned positions, GELU) without its norms."""
+    return vocab * 32 + 32 * 32 + n_layer * (4 * 32 * 32 + 8 * 32 * 32)
+
+
+@pytest.mark.parametrize("n_layer", [10**9, 99999999999999999999999])
+def test_a_model_too_large_for_memory_is_refused_before_allocating(
+    attnlab, tiny_data: Path, tmp_path: Path, monkeypatch, n_layer
+):
+    monkeypatch.setattr("attnlab.model.memory.device_memory", lambda device: GIB8)
+    vocab = json.loads((tiny_data / "meta.json").read_text())["vocab_size"]
+    params = _tiny_params(n_layer, vocab)
+    # weights, gradients and two AdamW moments, plus activations of 4 x 32 positions
+    need = 4 * (4 * params + 4 * 32 * (n_layer * (2 * 32 + 128) + 2 * vocab))
+    p = attnlab("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *TINY,
+                f"n_layer={n_layer}")  # fmt: skip
+    assert error_line(p, "train") == "the model " + _needs(
+        params, need / 2**30, "to train with batch_size=4", True
+    )
+    assert list(tmp_path.iterdir()) == []
+    p = attnlab("info", "shakespeare-char", f"n_layer={n_layer}")
+    assert error_line(p, "info").startswith("shakespeare-char cannot fit: ")
+
+
+def test_sample_and_import_refuse_a_model_too_large_for_memory(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch,
+):
+    from test_folder_safety import snapshot
+
+    monkeypatch.setattr("attnlab.model.memory.device_memory", lambda device: GIB8)
+    config = json.loads((model_dir / "config.json").read_text())
+    huge = {**config, "n_layer": 10**9}
+    params = _tiny_params(10**9, config["vocab_size"])
+    (model_dir / "config.json").write_text(json.dumps(huge))
+    p = attnlab("sample", str(model_dir), "--device", "cpu", "--max-new-tokens", "1")
+    assert error_line(p, "sample") == f"{model_dir} " + _needs(
+        params, 4 * params / 2**30, "for the weights", False
+    )
+    ckpt = tmp_path / "ckpt.pt"
+    import torch
+
+    torch.save({"model": {}, "model_args": huge}, ckpt)
+    before = snapshot(tmp_path)
+    p = attnlab("import-nanogpt", str(ckpt), "--out", str(tmp_path / "imported"))
+    assert error_line(p, "import-nanogpt") == f"{ckpt} " + _needs(
+        params, 4 * params / 2**30, "for the weights", False
+    )
+    assert snapshot(tmp_path) == before
