@@ -68,13 +68,14 @@ def config_flags_as_overrides(
     parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
 ) -> None:
     """nanoGPT's `--max_iters=10` spelling: for commands that take `key=value` overrides
-    (``overrides_in`` names where), unknown `--key=value` arguments join them as `key=value`.
-    Anything else unknown is argparse's usual error."""
+    (``overrides_in`` names where), unknown `--key=value` arguments join them as `key=value`,
+    and so do the `key=value` after them (argparse stops collecting positionals at an unknown
+    option). Anything else unknown is argparse's usual error."""
     dest = getattr(args, "overrides_in", None)
-    flags = [a for a in extra if a.startswith("--") and "=" in a[2:]]
-    if dest is None or len(flags) != len(extra):
+    pairs = [a for a in extra if "=" in a and (a.startswith("--") or not a.startswith("-"))]
+    if dest is None or len(pairs) != len(extra):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    getattr(args, dest).extend(a[2:] for a in flags)
+    getattr(args, dest).extend(a.removeprefix("--") for a in pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
