@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from attnlab.errors import AttnlabError
 
@@ -62,6 +64,13 @@ def refuse_foreign(
     raise AttnlabError(
         f"{out} is not empty{kind}; pass --overwrite to replace it, or choose another {flag}"
     )
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
 
 
 def no_space_message(path: Path | str) -> str:

@@ -1,4 +1,16 @@
-"""The run folder: what makes a folder a run, and the lock that keeps one trainer per run.
+"""The run folder, owned here: its layout, typed reads and writes, and the lock (one trainer per run).
+
+A run folder (``RunDir``) holds::
+
+    config.json    the run's ModelConfig, TrainConfig and data folder (RunConfig)
+    env.json       versions, device, git commit and command line of the first start
+    metrics.csv    one row per log interval and evaluation; tb/ the same for TensorBoard
+    summary.json   the latest summary (iterations, losses, throughput)
+    latest/ best/  model folders (attnlab.train.checkpoint): the last and the best checkpoint
+    sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run)
+
+A model folder (``latest/``, ``best/``, an export) is a different thing: its config.json is a
+bare ModelConfig; attnlab.train.checkpoint reads and writes those.
 
 Two trainers writing one run folder would interleave their checkpoints and metrics.csv rows, so
 a trainer holds an exclusive ``fcntl.flock`` on ``RUN/.attnlab.lock`` from start to end; a
@@ -12,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import write_json
 
 try:
     import fcntl
@@ -23,6 +38,15 @@ except ImportError:  # pragma: no cover  (Windows)
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".attnlab.lock"
+CONFIG = "config.json"
+ENV = "env.json"
+METRICS = "metrics.csv"
+SUMMARY = "summary.json"
+TENSORBOARD = "tb"
+LATEST = "latest"
+BEST = "best"
+SFT_DATA = "sft_data"
+SFT_FILE = "sft.json"
 
 
 class RunLock:
@@ -74,10 +98,87 @@ class RunLock:
         self.release()
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run's config.json holds: the model, the training recipe and the data folder."""
+
+    model: ModelConfig
+    train: TrainConfig
+    data: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "train": self.train.to_dict(), "data": self.data}
+
+
+class RunDir:
+    """A run folder: the paths of everything in it, typed reads and writes, and its lock."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    config = property(lambda self: self.path / CONFIG)
+    env = property(lambda self: self.path / ENV)
+    metrics = property(lambda self: self.path / METRICS)
+    summary = property(lambda self: self.path / SUMMARY)
+    tensorboard = property(lambda self: self.path / TENSORBOARD)
+    latest = property(lambda self: self.path / LATEST)
+    best = property(lambda self: self.path / BEST)
+    sft_data = property(lambda self: self.path / SFT_DATA)
+
+    def lock(self) -> RunLock:
+        return RunLock(self.path)
+
+    def is_run(self) -> bool:
+        return is_run_folder(self.path)
+
+    def is_sft(self) -> bool:
+        """True for a fine-tuning run (its own sft_data/ with sft.json)."""
+        return (self.sft_data / SFT_FILE).is_file()
+
+    def read_config(self) -> RunConfig:
+        """The run's config.json, to resume from; a missing or foreign file is refused in one line."""
+        if not self.config.is_file():
+            raise AttnlabError(f"cannot resume {self.path}: no {CONFIG} (is it a run folder?)")
+        try:
+            saved = json.loads(self.config.read_text())
+        except (OSError, ValueError) as e:
+            raise AttnlabError(f"{self.config} is not valid JSON ({e})") from None
+        if not isinstance(saved, dict) or not {"model", "train", "data"} <= saved.keys():
+            raise AttnlabError(
+                f"cannot resume {self.path}: its {CONFIG} is not a run's "
+                "(a model folder? resume the run folder above it)"
+            )
+        return RunConfig(
+            ModelConfig.from_dict(saved["model"]),
+            TrainConfig.from_dict(saved["train"]),
+            saved["data"],
+        )
+
+    def write_config(self, config: RunConfig) -> None:
+        write_json(self.config, config.to_dict())
+
+    def write_env(self, env: dict[str, Any]) -> None:
+        write_json(self.env, env)
+
+    def read_summary(self) -> dict[str, Any] | None:
+        """summary.json, or None if there is none (yet) or it cannot be read."""
+        try:
+            summary = json.loads(self.summary.read_text())
+        except (OSError, ValueError):
+            return None
+        return summary if isinstance(summary, dict) else None
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.summary, summary)
+
+
 def _run_config(folder: Path) -> dict | None:
     """A run's saved config.json (model, train and data), or None if ``folder`` holds none."""
     try:
-        saved = json.loads((folder / "config.json").read_text())
+        saved = json.loads((folder / CONFIG).read_text())
     except (OSError, ValueError):
         return None
     return saved if isinstance(saved, dict) and {"model", "train", "data"} <= saved.keys() else None
@@ -114,12 +215,8 @@ def finished_summary(folder: str | Path) -> dict | None:
     run must have used up its ``max_seconds``.
     """
     folder = Path(folder)
-    saved = _run_config(folder)
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if saved is None or not isinstance(summary, dict):
+    saved, summary = _run_config(folder), RunDir(folder).read_summary()
+    if saved is None or summary is None:
         return None
     train = saved["train"]
     budget = train.get("max_seconds")

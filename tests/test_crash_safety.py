@@ -133,7 +133,7 @@ def test_resume_before_the_first_checkpoint_says_so(tiny_data: Path, tmp_path: P
     run = tmp_path / "run"
     Trainer(run, tiny_model(), tiny_train(), tiny_data, quiet=True)  # killed before any save
     with pytest.raises(AttnlabError) as err:
-        Trainer(run, resume=True)
+        Trainer.resume(run)
     assert str(err.value) == f"cannot resume {run}: no complete checkpoint in latest/"
 
 
@@ -210,12 +210,13 @@ def test_cli_reports_a_full_disk_in_one_line(tiny_data, tmp_path, monkeypatch, c
 
 
 def test_resume_drops_metrics_rows_after_the_checkpoint_and_a_torn_row(tmp_path: Path):
-    from attnlab.train.trainer import MetricsLog
+    from attnlab.rundir import RunDir
+    from attnlab.train.metrics import MetricsLog
 
     (tmp_path / "metrics.csv").write_text(
         "iter,train_loss,val_loss\n0,,4.2\n5,4.1,\n10,4.0,3.9\n15,3.8,\n1"  # killed mid-append
     )
-    MetricsLog(tmp_path, tensorboard=False).truncate_after(10)
+    MetricsLog(RunDir(tmp_path), tensorboard=False).truncate_after(10)
     assert (tmp_path / "metrics.csv").read_text().splitlines() == [
         "iter,train_loss,val_loss", "0,,4.2", "5,4.1,", "10,4.0,3.9"
     ]  # fmt: skip

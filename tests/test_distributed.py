@@ -58,7 +58,7 @@ def assert_same_curves(a: Path, b: Path, iters: range) -> None:
 
 
 def resume(run_dir: Path, max_iters: int) -> None:
-    trainer = Trainer(run_dir, resume=True, resume_overrides={"max_iters": max_iters}, quiet=True)
+    trainer = Trainer.resume(run_dir, {"max_iters": max_iters}, quiet=True)
     trainer.run()
     trainer.close()
 

@@ -76,7 +76,7 @@ def test_resumed_run_is_bit_identical(tmp_path: Path, train_tiny, tiny_data: Pat
     interrupted = tmp_path / "interrupted"
     train_tiny(interrupted, model={"dropout": 0.1}, max_iters=20, ckpt_interval=5, until=12)
     assert json.loads((interrupted / "summary.json").read_text())["iters"] == 12
-    resumed = Trainer(interrupted, resume=True, quiet=True)
+    resumed = Trainer.resume(interrupted, quiet=True)
     assert resumed.state.iter == 12
     resumed.run()
     a = load_file(straight / "latest" / "model.safetensors")

@@ -326,6 +326,6 @@ def test_a_tampered_trainer_state_gets_one_line(train_tiny, tmp_path: Path, tamp
     path = run / "latest" / ckpt.TRAINER_STATE
     torch.save(tamper(torch.load(path, weights_only=True)), path)
     with pytest.raises(AttnlabError) as err:
-        Trainer(run, resume=True)
+        Trainer.resume(run)
     assert str(err.value).startswith(expected.format(path=path))
     assert "\n" not in str(err.value)

@@ -74,7 +74,7 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
 
     from attnlab.train.trainer import Trainer
 
-    trainer = Trainer(
+    trainer = Trainer.start(
         run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
     print("\n".join(trainer.describe(preset)))

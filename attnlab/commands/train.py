@@ -50,21 +50,21 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.config import split_overrides
     from attnlab.errors import AttnlabError
     from attnlab.fsutil import refuse_foreign, replace_folder
-    from attnlab.rundir import is_run_folder
+    from attnlab.rundir import RunDir, is_run_folder
     from attnlab.train.spec import resolve
     from attnlab.train.trainer import Trainer
 
     if args.resume and args.overwrite:
         raise AttnlabError("--overwrite starts a new run; it does not combine with --resume")
     if args.resume:
-        if (Path(args.resume) / "sft_data" / "sft.json").is_file():
+        if RunDir(args.resume).is_sft():
             raise AttnlabError(
                 f"{args.resume} is a fine-tuning run; continue it with `attnlab sft --resume`"
             )
         model_over, train_over = split_overrides(args.overrides)
         if model_over:
             raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
-        trainer = Trainer(args.resume, resume=True, resume_overrides=train_over)
+        trainer = Trainer.resume(args.resume, train_over)
         name = f"{args.resume} (resumed)"
     else:
         if not args.out:
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
     from attnlab.train.trainer import Trainer
 
-    return Trainer(
+    return Trainer.start(
         run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
 

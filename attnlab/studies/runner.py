@@ -32,8 +32,9 @@ from attnlab.studies.report import write_report
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
 from attnlab.train import checkpoint as ckpt
+from attnlab.train.environment import environment
 from attnlab.train.spec import as_overrides, default_data_for, resolve
-from attnlab.train.trainer import Trainer, environment
+from attnlab.train.trainer import Trainer
 
 RUN_FIELDS = (
     "variant",
@@ -123,7 +124,7 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
         if threads is not None:
             torch.set_num_threads(threads)
         if ckpt.checkpoint_dir(run_dir / "latest") is not None:
-            trainer = Trainer(run_dir, resume=True, quiet=True)
+            trainer = Trainer.resume(run_dir, quiet=True)
         else:
             trainer = _new_trainer(job, run_dir)
         try:
@@ -158,7 +159,7 @@ def _new_trainer(job: Job, run_dir: Path) -> Trainer:
             max_iters=job.max_iters,
             lr_decay_iters=None if decay in (None, train.max_iters) else decay,
         )
-    return Trainer(
+    return Trainer.start(
         run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True
     )
 

@@ -30,6 +30,7 @@ import torch
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
+from attnlab.rundir import BEST, LATEST
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -325,7 +326,7 @@ def model_folder(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.exists():
         raise AttnlabError(f"{path} does not exist")
-    for candidate in (path, path / "best", path / "latest"):
+    for candidate in (path, path / BEST, path / LATEST):
         found = checkpoint_dir(candidate)
         if found is not None:
             return found
@@ -385,10 +386,3 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
             f"{path} is not an attnlab trainer state (missing or odd: {', '.join(wrong)})"
         )
     return saved
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)

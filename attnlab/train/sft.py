@@ -22,11 +22,11 @@ from attnlab.data.bins import SeededSampler
 from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import write_json
+from attnlab.rundir import SFT_FILE, RunDir
 from attnlab.train import checkpoint as ckpt
 from attnlab.train.trainer import Trainer
 
-DATA_DIR = "sft_data"
-SFT_FILE = "sft.json"
 VAL_EVERY = 20  # every 20th record is held out for validation
 # fine-tuning recipe on top of the source run's (device, batch size, dtype... carry over)
 DEFAULTS: dict[str, Any] = dict(
@@ -177,8 +177,8 @@ def _write_data(
         "split": f"every {VAL_EVERY}th record is validation",
     }
     tokenizer.save(folder / "tokenizer.json")
-    ckpt.write_json(folder / "meta.json", meta)
-    ckpt.write_json(folder / SFT_FILE, {"chat": chat, "source": source})
+    write_json(folder / "meta.json", meta)
+    write_json(folder / SFT_FILE, {"chat": chat, "source": source})
 
 
 def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -214,9 +214,9 @@ def start(
 ) -> Trainer:
     """A new SFT run in ``out`` from the model or run folder ``source``."""
     folder = ckpt.model_folder(source)
-    out = Path(out).expanduser().resolve()
-    if ckpt.checkpoint_dir(out / "latest") is not None:
-        raise AttnlabError(f"{out} already holds a run; use --resume or another --out")
+    run = RunDir(Path(out).expanduser().resolve())
+    if ckpt.checkpoint_dir(run.latest) is not None:
+        raise AttnlabError(f"{run.path} already holds a run; use --resume or another --out")
     if not (folder / ckpt.TOKENIZER).is_file():
         raise AttnlabError(f"{folder} has no {ckpt.TOKENIZER}; SFT needs the model's tokenizer")
     tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
@@ -231,15 +231,15 @@ def start(
     train_config = TrainConfig.from_dict({**recipe, **DEFAULTS, **train_over})
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)
-    _write_data(out / DATA_DIR, records, tokenizer, chat, model_config.block_size, str(data_path))
+    _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
     weights = resize_embeddings(
         ckpt.read_weights(folder), model_config.vocab_size, train_config.seed
     )
-    return Trainer(
-        out,
+    return Trainer.start(
+        run.path,
         model_config,
         train_config,
-        out / DATA_DIR,
+        run.sft_data,
         vocab_from_data=False,
         quiet=quiet,
         batches=sft_batches,
@@ -252,4 +252,4 @@ def resume(run: str | Path, overrides: list[str] | None = None, quiet: bool = Fa
     model_over, train_over = split_overrides(overrides or [])
     if model_over:
         raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
-    return Trainer(run, resume=True, resume_overrides=train_over, quiet=quiet, batches=sft_batches)
+    return Trainer.resume(run, train_over, quiet=quiet, batches=sft_batches)

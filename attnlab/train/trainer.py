@@ -10,13 +10,10 @@ bit-identical to one never interrupted.
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import math
-import platform
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,20 +28,11 @@ from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
 from attnlab.model.memory import check_fits
-from attnlab.rundir import RunLock
+from attnlab.rundir import BEST, LATEST, RunConfig, RunDir
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
-
-METRIC_COLUMNS = [
-    "iter",
-    "train_loss",
-    "val_loss",
-    "lr",
-    "tokens_per_s",
-    "step_ms",
-    "elapsed_s",
-    "grad_norm",
-]
+from attnlab.train.environment import environment
+from attnlab.train.metrics import MetricsLog
 
 
 def _count(n: float) -> str:
@@ -65,96 +53,6 @@ def describe_device(device: torch.device, amp_dtype: torch.dtype | None) -> str:
     return f"{where}, {precision}"
 
 
-def environment(device: torch.device) -> dict[str, Any]:
-    """Versions, device, git commit and command line, for env.json."""
-    import numpy
-
-    import attnlab
-
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                cwd=Path(attnlab.__file__).parent,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "attnlab": attnlab.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "platform": platform.platform(),
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "git_commit": commit,
-        "command": sys.argv,
-    }
-
-
-class MetricsLog:
-    """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
-
-    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
-        self.path = run_dir / "metrics.csv"
-        self.columns: list[str] | None = None
-        self.pending: list[
-            dict[str, Any]
-        ] = []  # rows before the first training row fixes the columns
-        if self.path.is_file():
-            with self.path.open() as f:
-                self.columns = next(csv.reader(f), None)
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(run_dir / "tb"))
-
-    def truncate_after(self, it: int) -> None:
-        """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
-        if not self.path.is_file():
-            return
-        with self.path.open() as f:
-            rows = list(csv.reader(f))
-        if not rows:
-            return
-        # a row cut short by a kill mid-append has too few fields: drop it too
-        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= it]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w", newline="") as f:
-            csv.writer(f).writerows(kept)
-        tmp.replace(self.path)  # a kill mid-rewrite leaves the old file, not half of it
-
-    def write(self, row: dict[str, Any], final: bool = False) -> None:
-        if self.columns is None and "train_loss" not in row and not final:
-            self.pending.append(row)  # e.g. the eval at iter 0: mechanism columns aren't known yet
-            return
-        if self.columns is None:
-            self.columns = METRIC_COLUMNS + sorted(k for k in row if k not in METRIC_COLUMNS)
-            with self.path.open("w", newline="") as f:
-                csv.writer(f).writerow(self.columns)
-        rows, self.pending = [*self.pending, row], []
-        with self.path.open("a", newline="") as f:
-            for r in rows:
-                csv.writer(f).writerow(["" if r.get(c) is None else r[c] for c in self.columns])
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
-                    self.writer.add_scalar(key, value, row["iter"])
-            self.writer.flush()
-
-    def close(self) -> None:
-        if self.pending:
-            self.write(self.pending.pop(), final=True)
-        if self.writer is not None:
-            self.writer.close()
-
-
 @dataclass
 class TrainState:
     """What a checkpoint must hold to continue exactly where it stopped."""
@@ -172,44 +70,86 @@ class TrainState:
 
 
 class Trainer:
-    """Train a GPT in ``run_dir``; ``run(until)`` can stop early and ``resume=True`` continues.
+    """Train a GPT in a run folder: ``Trainer.start`` a new run or ``Trainer.resume`` one;
+    ``run(until)`` can stop early.
 
-    On resume the run's saved configs are used; ``resume_overrides`` may change training fields
-    (a longer ``max_iters``, say) but not the model.
+    ``Trainer(...)`` itself is ``start``'s constructor (``resuming`` is for ``resume``).
     """
 
-    def __init__(
-        self,
+    @classmethod
+    def start(
+        cls,
         run_dir: str | Path,
-        model_config: ModelConfig | None = None,
-        train_config: TrainConfig | None = None,
+        model_config: ModelConfig,
+        train_config: TrainConfig,
         data_dir: str | Path | None = None,
-        resume: bool = False,
-        resume_overrides: dict[str, Any] | None = None,
+        *,
         vocab_from_data: bool = True,
         quiet: bool = False,
         batches: Any | None = None,
         init_weights: dict[str, torch.Tensor] | None = None,
+    ) -> Trainer:
+        """A new run in ``run_dir`` (refused if it already holds a checkpoint)."""
+        return cls(
+            run_dir,
+            model_config,
+            train_config,
+            data_dir,
+            vocab_from_data=vocab_from_data,
+            quiet=quiet,
+            batches=batches,
+            init_weights=init_weights,
+        )
+
+    @classmethod
+    def resume(
+        cls,
+        run_dir: str | Path,
+        overrides: dict[str, Any] | None = None,
+        *,
+        quiet: bool = False,
+        batches: Any | None = None,
+    ) -> Trainer:
+        """Continue the run in ``run_dir`` from latest/ with its saved configs; ``overrides`` may
+        change training fields (a longer ``max_iters``, say) but not the model."""
+        saved = RunDir(run_dir).read_config()
+        return cls(
+            run_dir,
+            saved.model,
+            saved.train.replace(**(overrides or {})),
+            saved.data,
+            vocab_from_data=False,
+            quiet=quiet,
+            batches=batches,
+            resuming=True,
+        )
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        model_config: ModelConfig,
+        train_config: TrainConfig,
+        data_dir: str | Path | None = None,
+        *,
+        vocab_from_data: bool = True,
+        quiet: bool = False,
+        batches: Any | None = None,
+        init_weights: dict[str, torch.Tensor] | None = None,
+        resuming: bool = False,
     ) -> None:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
         from attnlab.data.prepare import load_dataset
         from attnlab.model import GPT
 
-        self.run_dir = Path(run_dir)
+        self.run_folder = RunDir(run_dir)
+        self.run_dir = self.run_folder.path
         self.quiet = quiet
-        self.lock = RunLock(self.run_dir)  # one trainer per run folder, taken before any write
+        self.lock = self.run_folder.lock()  # one trainer per run folder, taken before any write
         self.stop_requested = False  # set by Ctrl-C: stop after the current step
-        saved = self._read_run_config() if resume else None
-        if saved is not None:
-            model_config = ModelConfig.from_dict(saved["model"])
-            train_config = TrainConfig.from_dict({**saved["train"], **(resume_overrides or {})})
-            data_dir = saved["data"]
-        if model_config is None or train_config is None:
-            raise AttnlabError("a new run needs a model config and a train config")
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
-        if vocab_from_data and saved is None:
+        if vocab_from_data:
             model_config = model_config.replace(vocab_size=data_vocab)
         if model_config.vocab_size < data_vocab:
             raise AttnlabError(
@@ -224,7 +164,7 @@ class Trainer:
         check_fits(model_config, self.device, train_config.batch_size)
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
         self.model = GPT(model_config).to(self.device)
-        if init_weights is not None and saved is None:
+        if init_weights is not None and not resuming:
             ckpt.load_weights_strict(self.model, init_weights, "init_weights")
 
         def make_optimizer() -> torch.optim.Optimizer:
@@ -245,7 +185,7 @@ class Trainer:
         )
         if self.dist.is_main:
             self.lock.acquire()
-        if saved is not None:
+        if resuming:
             self._load_latest()
         elif self.dist.is_main:
             self._start_run_dir()
@@ -283,47 +223,21 @@ class Trainer:
         return sampler, val
 
     # --- run folder -------------------------------------------------------------------------
-    def _read_run_config(self) -> dict[str, Any]:
-        path = self.run_dir / "config.json"
-        if not path.is_file():
-            raise AttnlabError(
-                f"cannot resume {self.run_dir}: no config.json (is it a run folder?)"
-            )
-        import json
-
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise AttnlabError(f"{path} is not valid JSON ({e})") from None
-        if not isinstance(saved, dict) or not {"model", "train", "data"} <= saved.keys():
-            raise AttnlabError(
-                f"cannot resume {self.run_dir}: its config.json is not a run's "
-                "(a model folder? resume the run folder above it)"
-            )
-        return saved
-
     def _write_run_config(self) -> None:
-        ckpt.write_json(
-            self.run_dir / "config.json",
-            {
-                "model": self.model_config.to_dict(),
-                "train": self.cfg.to_dict(),
-                "data": str(self.data.dir),
-            },
-        )
+        self.run_folder.write_config(RunConfig(self.model_config, self.cfg, str(self.data.dir)))
 
     def _start_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt.checkpoint_dir(self.run_dir / "latest") is not None:
+        if ckpt.checkpoint_dir(self.run_folder.latest) is not None:
             raise AttnlabError(
                 f"{self.run_dir} already holds a run; use --resume, --overwrite or another --out"
             )
         self._write_run_config()
-        ckpt.write_json(self.run_dir / "env.json", environment(self.device))
-        (self.run_dir / "metrics.csv").unlink(missing_ok=True)
+        self.run_folder.write_env(environment(self.device))
+        self.run_folder.metrics.unlink(missing_ok=True)
 
     def _load_latest(self) -> None:
-        folder = ckpt.checkpoint_dir(self.run_dir / "latest")
+        folder = ckpt.checkpoint_dir(self.run_folder.latest)
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
@@ -490,14 +404,14 @@ class Trainer:
             signal.signal(signal.SIGINT, previous)
 
     def resume_command(self) -> str:
-        sft = (self.run_dir / "sft_data" / "sft.json").is_file()
+        sft = self.run_folder.is_sft()
         return f"attnlab {'sft' if sft else 'train'} --resume {shlex.quote(str(self.run_dir))}"
 
     def _run(self, until: int | None) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
         log = (
-            MetricsLog(self.run_dir, cfg.tensorboard and self.dist.is_main)
+            MetricsLog(self.run_folder, cfg.tensorboard and self.dist.is_main)
             if self.dist.is_main
             else None
         )
@@ -569,18 +483,18 @@ class Trainer:
                     st.history.append({"iter": st.iter, "val_loss": row["val_loss"]})
                     if row["val_loss"] < st.best_val:
                         st.best_val = row["val_loss"]
-                        self.save("best")
+                        self.save(BEST)
                 if row is not None:
                     bar.show(row)
                     if log is not None:
                         log.write(row)
                 if st.iter % ckpt_every == 0 or is_last or self.stop_requested:
-                    self.save("latest")
+                    self.save(LATEST)
                 if out_of_time:
                     break
                 if self.stop_requested:
                     print(
-                        f"interrupted at iter {st.iter}: saved {self.run_dir / 'latest'}; "
+                        f"interrupted at iter {st.iter}: saved {self.run_folder.latest}; "
                         f"continue with: {self.resume_command()}",
                         file=sys.stderr,
                         flush=True,
@@ -604,7 +518,7 @@ class Trainer:
         st.skipped_steps += 1
         what = f"non-finite loss or gradient at iter {st.iter} (loss {float(loss):.4g}, grad norm {float(norm):.4g})"
         if self.cfg.nan_policy == "stop":
-            latest = ckpt.checkpoint_dir(self.run_dir / "latest")
+            latest = ckpt.checkpoint_dir(self.run_folder.latest)
             if latest is None:
                 raise AttnlabError(
                     f"{what}; stopped before any checkpoint was written: start the run again "
@@ -633,7 +547,7 @@ class Trainer:
             "skipped_steps": st.skipped_steps,
         }
         if self.dist.is_main:
-            ckpt.write_json(self.run_dir / "summary.json", summary)
+            self.run_folder.write_summary(summary)
         return summary
 
     def close(self) -> None:

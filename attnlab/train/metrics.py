@@ -1,0 +1,78 @@
+"""A run's metrics: metrics.csv rows (and TensorBoard scalars), kept consistent across resumes."""
+
+from __future__ import annotations
+
+import csv
+import math
+from typing import Any
+
+from attnlab.rundir import RunDir
+
+METRIC_COLUMNS = [
+    "iter",
+    "train_loss",
+    "val_loss",
+    "lr",
+    "tokens_per_s",
+    "step_ms",
+    "elapsed_s",
+    "grad_norm",
+]
+
+
+class MetricsLog:
+    """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
+
+    def __init__(self, run: RunDir, tensorboard: bool) -> None:
+        self.path = run.metrics
+        self.columns: list[str] | None = None
+        self.pending: list[
+            dict[str, Any]
+        ] = []  # rows before the first training row fixes the columns
+        if self.path.is_file():
+            with self.path.open() as f:
+                self.columns = next(csv.reader(f), None)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run.tensorboard))
+
+    def truncate_after(self, it: int) -> None:
+        """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
+        if not self.path.is_file():
+            return
+        with self.path.open() as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return
+        # a row cut short by a kill mid-append has too few fields: drop it too
+        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= it]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with tmp.open("w", newline="") as f:
+            csv.writer(f).writerows(kept)
+        tmp.replace(self.path)  # a kill mid-rewrite leaves the old file, not half of it
+
+    def write(self, row: dict[str, Any], final: bool = False) -> None:
+        if self.columns is None and "train_loss" not in row and not final:
+            self.pending.append(row)  # e.g. the eval at iter 0: mechanism columns aren't known yet
+            return
+        if self.columns is None:
+            self.columns = METRIC_COLUMNS + sorted(k for k in row if k not in METRIC_COLUMNS)
+            with self.path.open("w", newline="") as f:
+                csv.writer(f).writerow(self.columns)
+        rows, self.pending = [*self.pending, row], []
+        with self.path.open("a", newline="") as f:
+            for r in rows:
+                csv.writer(f).writerow(["" if r.get(c) is None else r[c] for c in self.columns])
+        if self.writer is not None:
+            for key, value in row.items():
+                if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
+                    self.writer.add_scalar(key, value, row["iter"])
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.pending:
+            self.write(self.pending.pop(), final=True)
+        if self.writer is not None:
+            self.writer.close()
