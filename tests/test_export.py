@@ -77,10 +77,27 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
     graph = onnx.load(str(folder / FILES["onnx"])).graph
     onnx.checker.check_model(str(folder / FILES["onnx"]))
     dims = lambda v: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]  # noqa: E731
+    cfg = model.config
+    kv, dh = cfg.n_kv_head, cfg.head_dim
+    slots = [("key", kv), ("value", kv)]
+    if cfg.twicing:
+        slots.append(("twice", cfg.n_head))
+    for m in range(1, cfg.boost_rounds):
+        slots += [(f"r{m}.key", kv), (f"r{m}.value", kv)]
+        if cfg.twicing:
+            slots.append((f"r{m}.twice", cfg.n_head))
+    past = [(f"{i}.{name}", heads) for i in range(cfg.n_layer) for name, heads in slots]
     assert [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in graph.input] == [
-        ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])
+        ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
+        *[
+            (f"past_key_values.{n}", onnx.TensorProto.FLOAT, ["batch", h, "past", dh])
+            for n, h in past
+        ],
     ]
-    assert [(v.name, dims(v)) for v in graph.output] == [("logits", ["batch", "seq", 64])]
+    assert [(v.name, dims(v)) for v in graph.output] == [
+        ("logits", ["batch", "seq", 64]),
+        *[(f"present.{n}", ["batch", h, "past + seq", dh]) for n, h in past],
+    ]
     lm, _ = load_onnx(folder)
     gen = torch.Generator().manual_seed(1)
     worst = 0.0
@@ -89,6 +106,12 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
         ref = torch_logits(model, x)
         assert ref.std() > 0.1  # a parity test on near-zero logits would prove little
         worst = max(worst, float(np.abs(lm.logits(x).numpy() - ref).max()))
+        # the same positions through the cache: a prefill, then one token at a time
+        cache, t = lm.new_cache(), max(1, shape[1] - 3)
+        steps = [lm(x[:, :t], cache=cache)[0]]
+        steps += [lm(x[:, i : i + 1], cache=cache)[0] for i in range(t, shape[1])]
+        assert cache.length == shape[1]
+        worst = max(worst, float(np.abs(torch.cat(steps, dim=1).numpy() - ref).max()))
     return worst
 
 
@@ -263,6 +286,7 @@ def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
         "2",
         "--reps",
         "1",
+        "--no-compile",
     ]
     assert cli_main(args) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -271,8 +295,8 @@ def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
         for line in lines
         if line.startswith(("pytorch", "onnxruntime"))
     }
-    assert list(rows) == ["pytorch fp32", "onnxruntime fp32", "onnxruntime int8"]
-    assert rows["pytorch fp32"][-2:] == ["1.00x", "100%"]
+    assert list(rows) == ["pytorch eager", "onnxruntime fp32", "onnxruntime int8"]
+    assert rows["pytorch eager"][-2:] == ["1.00x", "100%"]
     assert rows["onnxruntime fp32"][-1] == "100%"  # same greedy tokens as PyTorch
 
 

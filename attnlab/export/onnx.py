@@ -1,4 +1,12 @@
-"""ONNX: the dynamo-exported graph, its int8 quantization, and running it with onnxruntime.
+"""ONNX: the dynamo-exported graph with a KV cache, its int8 quantization, and onnxruntime.
+
+The graph takes ``input_ids`` (int64 [batch, seq]) and the cache as ``past_key_values.L.key`` /
+``.value`` ([batch, kv_heads, past, head_dim], the names Optimum and onnxruntime-genai use), plus
+whatever per-token state a mechanism caches (``.twice`` for Twicing's 2V - AV, ``.rM.key`` /
+``.rM.value`` for boosting round M); it returns ``logits`` for every new position and the grown
+cache as ``present.L.*``. The first step passes a cache of length 0, so one graph both
+prefills and decodes. Positions follow the cache length and every earlier token is attended to:
+there is no attention_mask or position_ids input, since attnlab's models have no padding.
 
 ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handles every
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
@@ -12,11 +20,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.export.trace import INPUT, OUTPUT, LogitsModel, example_input, quiet_logger
+from attnlab.export.trace import INPUT, OUTPUT, quiet_logger
 from attnlab.train import checkpoint as ckpt
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model-int8.onnx"
@@ -24,23 +33,97 @@ ONNX_FILE, INT8_FILE = "model.onnx", "model-int8.onnx"
 PROTOBUF_LIMIT = 2**31 - 2**26
 
 
+PAST, PRESENT = "past_key_values", "present"
+
+
+def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
+    """Per layer, each slot the KV cache fills (``r0.k``, ``r0.v``, ``r0.twice``...) and its heads."""
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    return [[(name, buf.size(1)) for name, buf in layer._buffers.items()] for layer in cache.layers]
+
+
+def slot_label(slot: str) -> str:
+    """``r0.k`` -> ``key``, ``r0.twice`` -> ``twice``, ``r1.v`` -> ``r1.value``."""
+    rnd, kind = slot.split(".", 1)
+    kind = {"k": "key", "v": "value"}.get(kind, kind)
+    return kind if rnd == "r0" else f"{rnd}.{kind}"
+
+
+class GraphLayerCache:
+    """A LayerCache made of graph tensors: the past comes in, the grown cache goes out."""
+
+    def __init__(self, past: dict[str, torch.Tensor]) -> None:
+        self.past = past
+        self.present: dict[str, torch.Tensor] = {}
+
+    def extend(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        self.present[name] = torch.cat([self.past[name], x], dim=2)
+        return self.present[name]
+
+
+class GraphCache:
+    """What GPT.forward reads of a KVCache: per-layer caches and the past length."""
+
+    def __init__(self, layers: list[GraphLayerCache], length: Any) -> None:
+        self.layers, self.length = layers, length
+
+
+class CachedLogitsModel(nn.Module):
+    """``(input_ids, past) -> (logits at every new position, present)``: the traced signature."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.slots = cache_slots(model)
+
+    def forward(
+        self, input_ids: torch.Tensor, past: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        tensors = iter(past)
+        layers = [GraphLayerCache({n: next(tensors) for n, _ in names}) for names in self.slots]
+        cache = GraphCache(layers, past[0].size(2))
+        logits = self.model(input_ids, cache=cache, all_logits=True)[0]
+        return logits, [layer.present[n] for layer in layers for n in layer.past]
+
+    def names(self, prefix: str) -> list[str]:
+        return [
+            f"{prefix}.{i}.{slot_label(n)}" for i, names in enumerate(self.slots) for n, _ in names
+        ]
+
+
 def write_onnx(model: nn.Module, path: Path) -> None:
-    """Dynamo export with symbolic batch and seq (up to block_size); onnx.checker must pass."""
+    """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass."""
     import onnx
 
+    cfg = model.config
+    wrapper = CachedLogitsModel(model).eval()
+    # sizes above 1 (torch.export specialises on 0 and 1) whose sum fits the block
+    seq_len = past_len = max(2, min(8, cfg.block_size // 2))
     batch = torch.export.Dim("batch", min=1)
-    seq = torch.export.Dim("seq", min=1, max=model.config.block_size)
+    seq = torch.export.Dim("seq", min=1, max=cfg.block_size)
+    past_dim = torch.export.Dim("past", min=0, max=cfg.block_size)
+    ids = torch.arange(2 * seq_len).view(2, -1) % cfg.vocab_size
+    past = [
+        torch.zeros(2, heads, past_len, cfg.head_dim)
+        for names in wrapper.slots
+        for _, heads in names
+    ]
     weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model_state_dict(model).values())
     with warnings.catch_warnings(), quiet_logger("torch.onnx"):
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
-            LogitsModel(model).eval(),
-            (example_input(model.config),),
+            wrapper,
+            (ids, past),
             str(path),
             dynamo=True,
-            input_names=[INPUT],
-            output_names=[OUTPUT],
-            dynamic_shapes={INPUT: {0: batch, 1: seq}},
+            input_names=[INPUT, *wrapper.names(PAST)],
+            output_names=[OUTPUT, *wrapper.names(PRESENT)],
+            dynamic_shapes={
+                INPUT: {0: batch, 1: seq},
+                "past": [{0: batch, 2: past_dim}] * len(past),
+            },
             external_data=weight_bytes > PROTOBUF_LIMIT,
             verbose=False,
         )
@@ -55,10 +138,19 @@ def write_onnx_int8(path_fp32: Path, path: Path) -> None:
         quantize_dynamic(str(path_fp32), str(path), weight_type=QuantType.QInt8)
 
 
+class OnnxCache:
+    """The cache between onnxruntime calls: the last ``present.*`` arrays and their length."""
+
+    def __init__(self) -> None:
+        self.past: dict[str, np.ndarray] | None = None
+        self.length = 0
+
+
 class OnnxLM:
     """An exported ONNX graph behind the calls attnlab.model.generation makes of a model.
 
-    The graph has no KV cache, so every step reruns the (cropped) context window.
+    ``new_cache`` and ``__call__(idx, cache=...)`` mirror GPT's, so ``stream`` decodes with the
+    graph's KV cache (and recomputes the window once the context outgrows block_size).
     """
 
     def __init__(self, path: str | Path, config: Any, threads: int | None = None) -> None:
@@ -69,20 +161,40 @@ class OnnxLM:
             options.intra_op_num_threads = threads
         self.path, self.config = Path(path), config
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.past = [i for i in self.session.get_inputs() if i.name.startswith(PAST)]
+        if not self.past:
+            raise AttnlabError(
+                f"{path} has no KV cache inputs (an older export); run `attnlab export` again"
+            )
+
+    def new_cache(self) -> OnnxCache:
+        return OnnxCache()
+
+    def __call__(
+        self, idx: torch.Tensor, cache: OnnxCache | None = None
+    ) -> tuple[torch.Tensor, None]:
+        """Logits [B, T, V] of ids [B, T] after ``cache`` (none: from position 0), on the CPU."""
+        ids = idx.detach().cpu().numpy().astype("int64")
+        past = cache.past if cache is not None and cache.past is not None else None
+        if past is None:
+            past = {
+                i.name: np.zeros((ids.shape[0], i.shape[1], 0, i.shape[3]), dtype=np.float32)
+                for i in self.past
+            }
+        out = self.session.run(None, {INPUT: ids, **past})
+        if cache is not None:
+            cache.past = {i.name: a for i, a in zip(self.past, out[1:], strict=True)}
+            cache.length += ids.shape[1]
+        return torch.from_numpy(out[0]), None
 
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
-        """All-position logits [B, T, V] of ids [B, T] (on the CPU)."""
-        out = self.session.run([OUTPUT], {INPUT: idx.detach().cpu().numpy().astype("int64")})[0]
-        return torch.from_numpy(out)
-
-    def __call__(self, idx: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return self.logits(idx), None
+        """All-position logits [B, T, V] of ids [B, T], no cache."""
+        return self(idx)[0]
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
-        """Like GPT.generate (same sampling code); ``use_cache`` is ignored."""
+        """Like GPT.generate (same sampling code, same KV cache use)."""
         from attnlab.model.generation import stream
 
-        kwargs["use_cache"] = False
         return torch.cat([idx.cpu(), *stream(self, idx.cpu(), max_new_tokens, **kwargs)], dim=1)
 
 
