@@ -221,3 +221,55 @@ def test_resume_drops_metrics_rows_after_the_checkpoint_and_a_torn_row(tmp_path:
         "iter,train_loss,val_loss", "0,,4.2", "5,4.1,", "10,4.0,3.9"
     ]  # fmt: skip
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
+
+
+def test_a_second_trainer_on_a_run_is_refused_and_changes_nothing(train_tiny, tmp_path: Path):
+    from test_folder_safety import snapshot
+
+    from attnlab.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    first, _ = train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
+    first.lock.acquire()  # as while it trains
+    before = snapshot(run)
+    with pytest.raises(AttnlabError) as err:
+        Trainer.resume(run)
+    assert str(err.value) == (
+        f"{run} is in use by another trainer (PID {os.getpid()}); "
+        "wait for it to finish or stop it, or choose another folder"
+    )
+    assert snapshot(run) == before
+    first.close()
+    assert Trainer.resume(run).state.iter == 5  # free again once the first has finished
+
+
+def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tiny_data: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    args = [a for a in RUN_ARGS if not a.startswith(("max_iters", "ckpt_interval"))]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "train", "--data", str(tiny_data), "--out", str(run),
+         *args, "max_iters=100000", "ckpt_interval=100000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        while not (run / "metrics.csv").is_file() or len(metrics(run)) < 3:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    it = saved_iter(run / "latest")
+    assert it >= 8
+    assert err.splitlines()[-2:] == [
+        f"interrupted at iter {it}: saved {run / 'latest'}; "
+        f"continue with: attnlab train --resume {run}",
+        "interrupted",
+    ]
+    assert leftovers(run) == []
+    p = run_cli("train", "--resume", str(run), f"max_iters={it + 2}", env=ENV)
+    assert p.returncode == 0, p.stderr
+    assert saved_iter(run / "latest") == it + 2

@@ -86,3 +86,17 @@ def test_skip_stops_after_max_bad_steps_in_a_row(tiny_data: Path, tmp_path: Path
     assert len(poison.seen) == 6
     assert (trainer.state.iter, trainer.state.skipped_steps) == (3, 3)
     assert adam_steps(trainer) == {3}
+
+
+def test_stop_before_any_checkpoint_says_there_is_none(tiny_data: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    trainer = Trainer(run, tiny_model(), tiny_train(max_iters=20), tiny_data, quiet=True)
+    Poison(trainer, {2})
+    with pytest.raises(AttnlabError) as err:
+        trainer.run()
+    assert str(err.value) == (
+        "non-finite loss or gradient at iter 1 (loss nan, grad norm nan); stopped before any "
+        "checkpoint was written: start the run again (a lower learning_rate, or nan_policy=skip, "
+        "may help)"
+    )
+    assert ckpt.checkpoint_dir(run / "latest") is None
