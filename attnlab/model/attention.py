@@ -69,6 +69,8 @@ class Context:
     state: dict[str, torch.Tensor] = field(default_factory=dict)  # cross-layer signals, e.g. "M"
     stats: dict[str, torch.Tensor] | None = None  # mechanisms put gate statistics here when asked
     capture: dict[str, Any] | None = None  # analyses ask for attention weights here
+    mask: torch.Tensor | None = None  # [B, 1, Tq, Tk] bool, True = attend; None: plain causal
+    positions: torch.Tensor | None = None  # [B, T] positions when not start, start + 1, ...
 
     @property
     def layer_cache(self) -> LayerCache | None:
@@ -93,25 +95,43 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
 
 
+def padding_mask(attention_mask: torch.Tensor, tq: int) -> torch.Tensor:
+    """[B, 1, Tq, Tk] bool: causal and not padding (attention_mask [B, Tk], 1 = a real token).
+
+    A padding query would see no key at all (a NaN row), so it sees itself; no real token ever
+    sees a padding key.
+    """
+    keys = attention_mask.bool()[:, None, None, :]
+    tk = keys.size(-1)
+    rows = torch.arange(tq, device=keys.device)[:, None] + (tk - tq)
+    cols = torch.arange(tk, device=keys.device)[None, :]
+    return ((cols <= rows) & keys) | (cols == rows)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(q k^T / sqrt(d)) v, causal, for queries that are the LAST Tq of the Tk positions.
 
     q [B, H, Tq, D]; k, v [B, Hkv, Tk, D] (v may already have H heads). Uses SDPA unless the caller needs the weights
     (analyses, the MLP boosting gate), in which case the T x T matrix is formed explicitly.
+    ``mask`` (see ``padding_mask``) replaces the causal mask when sequences are padded.
     """
     k, v = repeat_kv(k, q.size(1) // k.size(1)), repeat_kv(v, q.size(1) // v.size(1))
     tq, tk = q.size(2), k.size(2)
     if need_weights:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+        if mask is None:
+            mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return F.dropout(weights, dropout_p) @ v, weights
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
     if tq == tk:  # full sequence: nanoGPT's exact call
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True
@@ -164,7 +184,7 @@ class CausalSelfAttention(nn.Module):
             self.heads(v, self.n_kv_head),
         )
         if ctx.rotary is not None:
-            q, k = ctx.rotary(q, ctx.start), ctx.rotary(k, ctx.start)
+            q, k = ctx.rotary(q, ctx.start, ctx.positions), ctx.rotary(k, ctx.start, ctx.positions)
         cache = ctx.layer_cache
         if cache is not None:
             k, v = cache.extend(f"{slot}.k", k), cache.extend(f"{slot}.v", v)
@@ -173,7 +193,7 @@ class CausalSelfAttention(nn.Module):
         if self.core_hook is not None:
             y, w = self.core_hook.core(q, k, v, ctx, slot, dropout_p, need_weights)
         else:
-            y, w = attention(q, k, v, dropout_p, need_weights)
+            y, w = attention(q, k, v, dropout_p, need_weights, ctx.mask)
         if ctx.capture is not None:
             ctx.keep(f"{slot}.weights", w)
             ctx.keep(f"{slot}.v", repeat_kv(v, self.n_head // self.n_kv_head))

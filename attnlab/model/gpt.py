@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.attention import CausalSelfAttention, Context, KVCache
+from attnlab.model.attention import CausalSelfAttention, Context, KVCache, padding_mask
 from attnlab.model.layers import Rotary, make_mlp, make_norm
 from attnlab.model.mechanisms import attach
 
@@ -117,11 +117,15 @@ class GPT(nn.Module):
         stats: dict[str, torch.Tensor] | None = None,
         capture: dict[str, Any] | None = None,
         all_logits: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits for every position when ``targets`` are given (or ``all_logits``), else the last.
 
         ``cache`` continues a KV-cached sequence; ``stats`` collects mechanism statistics;
         ``capture`` collects attention weights and per-round outputs for analyses.
+        Padded batches (transformers, ONNX) pass ``attention_mask`` [B, cached + T] (0 = padding)
+        and ``position_ids`` [B, T]; without them positions run on from the cache length.
         """
         _, t = idx.size()
         start = cache.length if cache is not None else 0
@@ -131,10 +135,15 @@ class GPT(nn.Module):
             )
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:
-            pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
+            pos = position_ids
+            if pos is None:
+                pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
             x = x + self.transformer.wpe(pos)
         x = self.transformer.drop(x)
         ctx = Context(start=start, cache=cache, rotary=self.rotary, stats=stats, capture=capture)
+        ctx.positions = position_ids
+        if attention_mask is not None:
+            ctx.mask = padding_mask(attention_mask, t)
         for i, block in enumerate(self.transformer.h):
             ctx.layer = i
             x = block(x, ctx)

@@ -91,10 +91,16 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate x [B, H, T, D] whose first position is ``start``."""
-        t = x.size(-2)
-        cos = self.cos[start : start + t].to(x.dtype)
-        sin = self.sin[start : start + t].to(x.dtype)
+    def forward(
+        self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotate x [B, H, T, D] whose positions are ``start``, ``start + 1``... or ``positions`` [B, T]."""
+        if positions is None:
+            t = x.size(-2)
+            cos = self.cos[start : start + t].to(x.dtype)
+            sin = self.sin[start : start + t].to(x.dtype)
+        else:
+            cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin

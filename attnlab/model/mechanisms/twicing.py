@@ -18,13 +18,13 @@ class Twicing(nn.Module):
     """Replaces the attention core; keeps the caller's softmax(QK^T) for both passes."""
 
     def core(self, q, k, v, ctx, slot, dropout_p, need_weights):
-        y1, w = attention(q, k, v, dropout_p, need_weights)
+        y1, w = attention(q, k, v, dropout_p, need_weights, ctx.mask)
         t = q.size(2)
         u = 2 * repeat_kv(v[:, :, -t:], q.size(1) // v.size(1)) - y1
         cache = ctx.layer_cache
         if cache is not None:
             u = cache.extend(f"{slot}.twice", u)
-        y, _ = attention(q, k, u, dropout_p)
+        y, _ = attention(q, k, u, dropout_p, mask=ctx.mask)
         return y, (None if w is None else 2 * w - w @ w)
 
 
