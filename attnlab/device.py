@@ -6,16 +6,47 @@ import sys
 
 import torch
 
+from attnlab.errors import AttnlabError
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def device_choices() -> list[str]:
+    """The device names that work on this machine, "auto" first."""
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = ["cuda", *(f"cuda:{i}" for i in range(n_cuda))] if n_cuda else []
+    return ["auto", "cpu", *cuda, *(["mps"] if _mps_available() else [])]
+
 
 def resolve_device(name: str) -> torch.device:
-    """ "auto" picks cuda, then mps, then cpu."""
+    """ "auto" picks cuda, then mps, then cpu; anything this machine lacks is refused."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    return torch.device(name)
+    choose = f"choose one of: {', '.join(device_choices())}"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise AttnlabError(f"device={name!r} is not a device; {choose}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise AttnlabError(f"device={name!r}: no CUDA GPU is available here; {choose}")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise AttnlabError(
+                f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+                f"{choose}"
+            )
+    elif device.type == "mps":
+        if not _mps_available():
+            raise AttnlabError(f"device={name!r}: Apple's MPS is not available here; {choose}")
+    elif device.type != "cpu":
+        raise AttnlabError(f"device={name!r} is not supported by attnlab; {choose}")
+    return device
 
 
 def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:

@@ -290,3 +290,41 @@ def test_sample_and_import_refuse_a_model_too_large_for_memory(
         params, 4 * params / 2**30, "for the weights", False
     )
     assert snapshot(tmp_path) == before
+
+
+DEVICE_COMMANDS = {
+    "train": lambda m, d, o, dev: ["train", "--data", d, "--out", o, *TINY, f"device={dev}"],
+    "sft": lambda m, d, o, dev: ["sft", m, "--out", o, "max_iters=1", f"device={dev}"],
+    "sample": lambda m, d, o, dev: ["sample", m, "--device", dev, "--max-new-tokens", "1"],
+    "eval": lambda m, d, o, dev: ["eval", m, "--data", d, "--device", dev],
+    "chat": lambda m, d, o, dev: ["chat", m, "--device", dev],
+    "bench": lambda m, d, o, dev: ["bench", "train", "--device", dev],
+}
+DEVICES = {
+    "bogus": "device='bogus' is not a device; choose one of: auto, cpu",
+    "cuda": "device='cuda': no CUDA GPU is available here; choose one of: auto, cpu",
+    "cuda:3": "device='cuda:3': no CUDA GPU is available here; choose one of: auto, cpu",
+    "mps": "device='mps': Apple's MPS is not available here; choose one of: auto, cpu",
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("command", DEVICE_COMMANDS)
+def test_a_device_this_machine_lacks_gets_one_line(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    monkeypatch,
+    command,
+    device,
+):
+    import torch
+    from test_folder_safety import snapshot
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    before = snapshot(tmp_path)
+    args = DEVICE_COMMANDS[command](str(model_dir), str(tiny_data), str(tmp_path / "o"), device)
+    assert error_line(attnlab(*args), command) == DEVICES[device]
+    assert snapshot(tmp_path) == before

@@ -21,6 +21,7 @@ from attnlab.config import TrainConfig, split_overrides
 from attnlab.data.bins import SeededSampler
 from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
 from attnlab.data.tokenizer import Tokenizer
+from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import write_json
 from attnlab.rundir import SFT_FILE, RunDir
@@ -229,6 +230,7 @@ def start(
     source_train = folder / ckpt.TRAIN_CONFIG
     recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
     train_config = TrainConfig.from_dict({**recipe, **DEFAULTS, **train_over})
+    resolve_device(train_config.device)  # refused before anything is written
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)
     _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
