@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 from attnlab.bench import _timing
 from attnlab.bench.generate import quarter_ratio
-from attnlab.bench.overhead import MECHANISMS, count_params, matched_width, modern_backbone
+from attnlab.bench.overhead import bench_variants, count_params, matched_width, modern_backbone
 from attnlab.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -77,8 +77,8 @@ def test_count_params_by_hand() -> None:
 def test_kv_bias_matches_the_seed_at_112() -> None:
     """The seed pairs vanilla at 128 with K/V-bias at 112 (6 layers, 4 heads, char vocab)."""
     base = tiny_model(n_layer=6, n_embd=128, block_size=256, vocab_size=65)
-    assert matched_width(base, MECHANISMS["kv-bias"], count_params(base)) == 112
-    assert matched_width(base, MECHANISMS["twicing"], count_params(base)) == 128
+    assert matched_width(base, {"use_m_gate": True}, count_params(base)) == 112
+    assert matched_width(base, {"twicing": True}, count_params(base)) == 128
 
 
 def test_reference_step_is_our_gpt_exactly() -> None:
@@ -117,7 +117,7 @@ def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             count_params(tiny_model(n_layer=1, n_embd=width, block_size=16, vocab_size=65))
         )
         assert rows[f"vanilla @{width}"][4] == "1.000"  # every ratio to itself is exactly 1
-        for name in MECHANISMS:
+        for name in bench_variants():
             assert rows[f"{name} @{width}"][1] == "equal"
     # the parameter-matched partner of 32 (widths step by 8 so that none pays for an odd shape)
     assert rows["kv-bias @24"][:2] == ["32", "params"]
@@ -155,7 +155,7 @@ def test_bench_generate_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     png = tmp_path / "generate.png"
     out = bench(capsys, "generate", "--quick", "--out", str(png))
     rows = table_rows(out)
-    for name in ["vanilla", *MECHANISMS]:
+    for name in ["vanilla", *bench_variants()]:
         assert rows[name][-1] == "yes", f"{name}: cached greedy decoding differs from recompute"
     assert png.read_bytes()[:8] == PNG_MAGIC
 
@@ -165,5 +165,5 @@ def test_bench_generate_compiled_quick(tmp_path: Path, capsys: pytest.CaptureFix
     out = bench(capsys, "generate", "--quick", "--compile", "--out", str(tmp_path / "g.png"))
     assert ", compiled" in out
     rows = table_rows(out)
-    for name in ["vanilla", *MECHANISMS]:
+    for name in ["vanilla", *bench_variants()]:
         assert rows[name][-1] == "yes", f"{name}: compiled cached decoding differs from recompute"

@@ -11,6 +11,7 @@ from attnlab.errors import AttnlabError
 from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next
 from attnlab.model.mechanisms import HOOKS
 
+# backbones; every mechanism, alone and all together, is in tests/test_mechanism_contract.py
 CONFIGS = {
     "vanilla": {},
     "bias": {"bias": True},
@@ -22,11 +23,8 @@ CONFIGS = {
         "ffn_sublayers": 2,
     },
     "post-ln": {"norm_placement": "post"},
-    "kv-bias": {"use_m_gate": True},
-    "value-gate": {"value_gate": True, "n_kv_head": 1},
-    "twicing": {"twicing": True},
-    "all": {"use_m_gate": True, "value_gate": True, "twicing": True, "n_kv_head": 2, "pos": "rope"},
 }
+ALL = {"use_m_gate": True, "value_gate": True, "twicing": True, "n_kv_head": 2, "pos": "rope"}
 
 
 def build(seed: int = 0, **overrides) -> GPT:
@@ -77,7 +75,7 @@ def test_cached_decoding_equals_full_recompute(name: str) -> None:
 
 def test_hook_tables_are_fixed_dicts() -> None:
     """Reading a hook list must not add keys: torch.compile guards on the table's length."""
-    model = build(**CONFIGS["all"])
+    model = build(**ALL)
     for owner in [*model.transformer.h, *(b.attn for b in model.transformer.h)]:
         assert type(owner.hooks) is dict and tuple(owner.hooks) == HOOKS
     model(torch.zeros(1, 4, dtype=torch.long))
@@ -106,7 +104,7 @@ def test_compile_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_compiled_decoding_matches_eager_without_recompiling() -> None:
     from torch._dynamo.utils import counters
 
-    eager, compiled = build(**CONFIGS["all"]), compile_for_decoding(build(**CONFIGS["all"]))
+    eager, compiled = build(**ALL), compile_for_decoding(build(**ALL))
     graphs = counters["stats"]["unique_graphs"]
     prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(3))
     for use_cache in (True, False):

@@ -29,7 +29,9 @@ def test_layout(tmp_path: Path) -> None:
 
 def test_config_round_trip(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
-    config = RunConfig(ModelConfig(n_layer=2, n_head=4, n_embd=32), TrainConfig(max_iters=7), "data/x")
+    config = RunConfig(
+        ModelConfig(n_layer=2, n_head=4, n_embd=32), TrainConfig(max_iters=7), "data/x"
+    )
     run.write_config(config)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved == {

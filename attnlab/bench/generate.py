@@ -79,14 +79,15 @@ def measure(
     import torch
 
     from attnlab.bench._timing import interleaved
-    from attnlab.bench.overhead import MECHANISMS, available
+    from attnlab.bench.overhead import available, bench_variants
     from attnlab.model import GPT
     from attnlab.model.generation import compile_for_decoding
 
     base = base.replace(block_size=max(base.block_size, tokens + 1), dropout=0.0)
-    names = mechanisms or list(MECHANISMS)
+    fields = bench_variants()
+    names = mechanisms or list(fields)
     missing = [n for n in names if not available(n, base)]
-    variants = {"vanilla": {}, **{n: MECHANISMS[n] for n in names if n not in missing}}
+    variants = {"vanilla": {}, **{n: fields[n] for n in names if n not in missing}}
     rows = []
     for name, overrides in variants.items():
         print(f"bench generate: {name}", file=sys.stderr)

@@ -19,15 +19,6 @@ from typing import Any
 from attnlab.bench._timing import figure_path, out_help
 
 # name -> ModelConfig overrides; shared with `bench generate`
-MECHANISMS: dict[str, dict[str, Any]] = {
-    "kv-bias": {"use_m_gate": True},
-    "kv-bias detached": {"use_m_gate": True, "m_gate_detached": True},
-    "value gate": {"value_gate": True},
-    "boosted M=2": {"boost_rounds": 2},
-    "twicing": {"twicing": True},
-}
-# a mechanism that must add parameters; equal counts mean it is not registered in this build
-ADDS_PARAMS = ("kv-bias", "kv-bias detached", "value gate", "boosted M=2")
 QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
 
 
@@ -112,10 +103,19 @@ def modern_backbone(base):
     )
 
 
+def bench_variants() -> dict[str, dict[str, Any]]:
+    """Every registered mechanism's benchmark variants: label -> config fields."""
+    from attnlab.model import mechanisms
+
+    return mechanisms.bench_variants()
+
+
 def available(name: str, base) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
-    return name not in ADDS_PARAMS or count_params(
-        base.replace(**MECHANISMS[name])
+    from attnlab.model import mechanisms
+
+    return name not in mechanisms.param_adding_variants() or count_params(
+        base.replace(**bench_variants()[name])
     ) != count_params(base)
 
 
@@ -144,7 +144,8 @@ def measure(
     )
     from attnlab.config import ModelConfig
 
-    names = mechanisms or list(MECHANISMS)
+    fields = bench_variants()
+    names = mechanisms or list(fields)
     rows: list[Row] = []
     missing: list[str] = []
     for width in widths:
@@ -164,10 +165,10 @@ def measure(
                 if name not in missing:
                     missing.append(name)
                 continue
-            configs[(name, "equal")] = base.replace(**MECHANISMS[name])
-            w = matched_width(base, MECHANISMS[name], base_params)
+            configs[(name, "equal")] = base.replace(**fields[name])
+            w = matched_width(base, fields[name], base_params)
             if w != width:
-                configs[(name, "params")] = with_width(base, w, **MECHANISMS[name])
+                configs[(name, "params")] = with_width(base, w, **fields[name])
                 wide = fair_width(base, count_params(configs[(name, "equal")]))
                 configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
         # the value gate also on its own (QKVE-style) backbone

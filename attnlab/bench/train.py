@@ -20,18 +20,14 @@ if TYPE_CHECKING:
     from attnlab.config import ModelConfig
 
 CHAR_VOCAB = 65  # tiny-shakespeare's character set, for presets that take vocab_size from the data
-# the component and mechanism fields of a plain nanoGPT model
-NANOGPT_FIELDS: dict[str, object] = dict(
+# the component fields of a plain nanoGPT model (every mechanism off comes from the registry)
+NANOGPT_COMPONENTS: dict[str, object] = dict(
     norm="layernorm",
     norm_placement="pre",
     pos="learned",
     mlp="gelu",
     ffn_sublayers=1,
     tie_embeddings=True,
-    use_m_gate=False,
-    value_gate=False,
-    boost_rounds=1,
-    twicing=False,
 )
 QUICK = dict(n_layer=1, n_embd=16, n_head=4, block_size=16, batch=2, steps=2, peak_n=128)
 
@@ -48,9 +44,10 @@ def bench_config(preset: str) -> tuple[ModelConfig, int]:
 
 def is_nanogpt_shaped(cfg: ModelConfig) -> bool:
     """True when the config is plain nanoGPT, the only model the reference implements."""
-    return (
-        all(getattr(cfg, k) == v for k, v in NANOGPT_FIELDS.items()) and cfg.n_kv_head == cfg.n_head
-    )
+    from attnlab.model import mechanisms
+
+    plain = {**NANOGPT_COMPONENTS, **mechanisms.plain_fields()}
+    return all(getattr(cfg, k) == v for k, v in plain.items()) and cfg.n_kv_head == cfg.n_head
 
 
 def reference_loss(

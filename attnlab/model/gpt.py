@@ -19,7 +19,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.model.attention import CausalSelfAttention, Context, KVCache, padding_mask
 from attnlab.model.layers import Rotary, make_mlp, make_norm
-from attnlab.model.mechanisms import attach
+from attnlab.model.mechanisms import attach, attention_passes
 
 
 class Block(nn.Module):
@@ -183,12 +183,12 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N for the matmuls plus 12 L H T Dh for attention (PaLM app. B).
 
-        Extra attention rounds (boosting, twicing) each add another attention term.
+        Mechanisms that run attention more than once per layer (boosting's rounds, twicing's two
+        passes, each round twiced when both) multiply the attention term (their SPEC says by what).
         """
         cfg = self.config
         t = seq_len or cfg.block_size
-        rounds = cfg.boost_rounds + (1 if cfg.twicing else 0)
-        attn = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * t * rounds
+        attn = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * t * attention_passes(cfg)
         return 6 * self.get_num_params(non_embedding=True) + attn
 
     def generate(

@@ -18,15 +18,24 @@ mlp_input  adjust_mlp_input(h, ctx) -> h                       K/V-bias ablation
 
 A part may also define ``init_weights()`` (called after the nanoGPT init) and expose
 ``needs_weights = True`` (a rounds part that needs round-0 attention weights).
-Adding a mechanism = one module here, one line in ``REGISTRY``, its config flag, one test file.
+
+Besides ``parts``, a mechanism module declares ``SPEC = Mechanism(...)``: the ModelConfig fields
+it owns and their "off" values, a small example config for the contract tests, its benchmark
+variants, what it does to the FLOP count, and the setting (if any) under which a fresh model
+computes plain attention. Everything else is derived here: which mechanisms a config enables,
+the bench lists, the plain-reference fields. tests/test_mechanism_contract.py checks every
+registered mechanism, and all of them together, against the contract.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 from torch import nn
 
@@ -44,12 +53,68 @@ class Part:
     build: Callable[[], nn.Module]
 
 
+def _one(config: Any) -> int:
+    return 1
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """What a mechanism module declares as its ``SPEC``."""
+
+    name: str  # the module's name under attnlab.model.mechanisms
+    switch: dict[str, Any]  # the fields that turn it on, with their "off" (plain model) values
+    fields: tuple[str, ...]  # every ModelConfig field it owns, the switch included
+    example: dict[str, Any]  # a small config that turns it on, for tests
+    bench: dict[str, dict[str, Any]]  # `bench overhead` variants: label -> fields
+    adds_params: bool = True  # bench overhead checks the parameter count grows
+    # attention passes per layer, a factor on the FLOP count's attention term
+    attention_passes: Callable[[Any], int] = _one
+    zero_gate: dict[str, Any] | None = None  # fields under which a fresh model is plain attention
+    always_on: bool = False  # no switch: on whenever registered (tests' toy mechanisms)
+
+    def enabled(self, config: Any) -> bool:
+        return self.always_on or any(getattr(config, k) != off for k, off in self.switch.items())
+
+
+def module(name: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def specs() -> list[Mechanism]:
+    """Every registered mechanism's SPEC, in REGISTRY order."""
+    return [module(name).SPEC for name in REGISTRY]
+
+
+def enabled(config: Any) -> list[str]:
+    """Names of the mechanisms ``config`` turns on."""
+    return [spec.name for spec in specs() if spec.enabled(config)]
+
+
+def plain_fields() -> dict[str, Any]:
+    """The switches of every mechanism set to off: what makes a config plain attention."""
+    return {k: v for spec in specs() for k, v in spec.switch.items()}
+
+
+def bench_variants() -> dict[str, dict[str, Any]]:
+    """`bench overhead` variants of every mechanism: label -> config fields."""
+    return {label: fields for spec in specs() for label, fields in spec.bench.items()}
+
+
+def param_adding_variants() -> tuple[str, ...]:
+    """Bench variants whose mechanism must add parameters."""
+    return tuple(label for spec in specs() if spec.adds_params for label in spec.bench)
+
+
+def attention_passes(config: Any) -> int:
+    """Attention passes per layer under ``config`` (1 for plain attention)."""
+    return math.prod(spec.attention_passes(config) for spec in specs() if spec.enabled(config))
+
+
 def parts_for(config, where: str) -> list[Part]:
     """Every enabled part of every registered mechanism that lives in ``where``."""
     found = []
     for name in REGISTRY:
-        module = importlib.import_module(f"{__name__}.{name}")
-        found += [p for p in module.parts(config) if p.where == where]
+        found += [p for p in module(name).parts(config) if p.where == where]
     return found
 
 

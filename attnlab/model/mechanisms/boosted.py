@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.functional import linear
 
 from attnlab.config import ModelConfig
-from attnlab.model.mechanisms import Part
+from attnlab.model.mechanisms import Mechanism, Part
 from attnlab.model.mechanisms.boost_gates import make_gate
 
 
@@ -84,3 +84,13 @@ def parts(config: ModelConfig) -> list[Part]:
     if config.boost_rounds == 1:
         return []
     return [Part("attn", "boost", ("rounds",), lambda: BoostedRounds(config))]
+
+
+SPEC = Mechanism(
+    name="boosted",
+    switch={"boost_rounds": 1},
+    fields=("boost_rounds", "boost_gate", "boost_kv_source"),
+    example={"boost_rounds": 2},
+    bench={"boosted M=2": {"boost_rounds": 2}},
+    attention_passes=lambda config: config.boost_rounds,
+)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.mechanisms import Part
+from attnlab.model.mechanisms import Mechanism, Part
 
 
 def previous_m(like: torch.Tensor, ctx) -> torch.Tensor:
@@ -89,3 +89,15 @@ def parts(config: ModelConfig) -> list[Part]:
         "mlp_input": Part("block", "m_mlp_input", ("mlp_input",), MLPInput),
     }[config.m_inject]
     return [injected, Part("block", "W_gm", ("state",), lambda: PurposeGate(config))]
+
+
+SPEC = Mechanism(
+    name="purpose_state",
+    switch={"use_m_gate": False},
+    fields=("use_m_gate", "m_gate_detached", "m_inject"),
+    example={"use_m_gate": True},
+    bench={
+        "kv-bias": {"use_m_gate": True},
+        "kv-bias detached": {"use_m_gate": True, "m_gate_detached": True},
+    },
+)

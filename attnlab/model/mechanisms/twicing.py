@@ -11,7 +11,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.model.attention import attention, repeat_kv
-from attnlab.model.mechanisms import Part
+from attnlab.model.mechanisms import Mechanism, Part
 
 
 class Twicing(nn.Module):
@@ -30,3 +30,14 @@ class Twicing(nn.Module):
 
 def parts(config: ModelConfig) -> list[Part]:
     return [Part("attn", "twicing", ("core",), Twicing)] if config.twicing else []
+
+
+SPEC = Mechanism(
+    name="twicing",
+    switch={"twicing": False},
+    fields=("twicing",),
+    example={"twicing": True},
+    bench={"twicing": {"twicing": True}},
+    adds_params=False,
+    attention_passes=lambda config: 2,  # (2A - A^2) V = A (2V - AV): two passes over the scores
+)

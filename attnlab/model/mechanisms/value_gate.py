@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.mechanisms import Part
+from attnlab.model.mechanisms import Mechanism, Part
 
 
 class ValueGate(nn.Linear):
@@ -38,3 +38,13 @@ class ValueGate(nn.Linear):
 
 def parts(config: ModelConfig) -> list[Part]:
     return [Part("attn", "W_E", ("qkv",), lambda: ValueGate(config))] if config.value_gate else []
+
+
+SPEC = Mechanism(
+    name="value_gate",
+    switch={"value_gate": False},
+    fields=("value_gate", "value_gate_init"),
+    example={"value_gate": True, "n_kv_head": 1},
+    bench={"value gate": {"value_gate": True}},
+    zero_gate={"value_gate_init": "zero"},
+)

@@ -1,0 +1,167 @@
+"""The mechanism contract, checked for every registered mechanism and for all of them at once.
+
+Each mechanism module declares a ``SPEC`` (attnlab.model.mechanisms.Mechanism); these tests hold
+every SPEC to what it claims: its example config turns it (and only it) on, the config survives
+a JSON round trip, cached decoding equals the full forward, a zero gate (where the mechanism has
+one) is exactly plain attention, and the bench variants and parameter claims are true. A toy
+mechanism registered from one file (tests/toy_mechanism.py) passes the same checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import fields
+
+import pytest
+import torch
+import toy_mechanism
+from conftest import tiny_model
+
+from attnlab import GPT
+from attnlab.config import ModelConfig
+from attnlab.model import mechanisms
+from attnlab.model.mechanisms import REGISTRY, Mechanism
+
+ALL = "all"
+
+
+def spec_of(name: str) -> Mechanism:
+    return mechanisms.module(name).SPEC
+
+
+def example(name: str) -> dict:
+    """The mechanism's example fields; ALL composes every example (on RoPE with GQA)."""
+    if name != ALL:
+        return spec_of(name).example
+    composed = {k: v for n in mechanisms.REGISTRY for k, v in spec_of(n).example.items()}
+    return {**composed, "n_kv_head": 2, "pos": "rope"}
+
+
+def expected_enabled(name: str) -> list[str]:
+    return list(mechanisms.REGISTRY) if name == ALL else [name]
+
+
+def base_of(name: str) -> ModelConfig:
+    """The example config without the mechanism's own fields (the backbone it runs on)."""
+    spec = spec_of(name)
+    return tiny_model(**{k: v for k, v in spec.example.items() if k not in spec.fields})
+
+
+@contextlib.contextmanager
+def unregistered(name: str) -> Iterator[None]:
+    """The registry without ``name``: what the backbone is without the mechanism at all."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mechanisms, "REGISTRY", tuple(n for n in mechanisms.REGISTRY if n != name))
+        yield
+
+
+def build(config: ModelConfig, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(config).eval()
+
+
+def check_config_round_trip(name: str) -> None:
+    config = tiny_model(**example(name))
+    again = ModelConfig.from_dict(json.loads(config.to_json()))
+    assert again == config
+    assert mechanisms.enabled(again) == expected_enabled(name)
+
+
+def check_cached_decoding(name: str) -> None:
+    """Prefill, one step and a chunk through the KV cache give the full forward's logits."""
+    model = build(tiny_model(**example(name)))
+    prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(prompt, 20, temperature=0.0, use_cache=True)
+    full = model.generate(prompt, 20, temperature=0.0, use_cache=False)
+    assert torch.equal(cached, full)
+    cache = model.new_cache()
+    steps = [
+        model(full[:, :9], cache=cache, all_logits=True)[0],
+        model(full[:, 9:10], cache=cache)[0],
+        model(full[:, 10:16], cache=cache, all_logits=True)[0],
+    ]
+    torch.testing.assert_close(
+        torch.cat(steps, dim=1), model(full[:, :16], all_logits=True)[0], rtol=1e-5, atol=1e-5
+    )
+
+
+def check_zero_gate(name: str) -> None:
+    """With its zero-gate setting, a fresh model computes what plain attention computes."""
+    zero = spec_of(name).zero_gate
+    if zero is None:
+        pytest.skip(f"{name} defines no zero gate")
+    model = build(tiny_model(**spec_of(name).example, **zero))
+    with unregistered(name):
+        plain = build(base_of(name), seed=1)
+    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing  # only the mechanism's own parameters keep their init
+    idx = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(model(idx, all_logits=True)[0], plain(idx, all_logits=True)[0])
+
+
+def check_spec(name: str) -> None:
+    """The SPEC's claims: fields exist, the default config is off, bench variants turn it on,
+    and it adds parameters exactly when it says so."""
+    spec = spec_of(name)
+    assert spec.name == name
+    model_fields = {f.name for f in fields(ModelConfig)}
+    assert set(spec.fields) <= model_fields and set(spec.switch) <= set(spec.fields)
+    assert not spec.enabled(ModelConfig()) or spec.always_on
+    for variant in spec.bench.values():
+        assert spec.enabled(tiny_model(**variant))
+    with unregistered(name):
+        plain_params = GPT(base_of(name)).get_num_params()
+    grows = GPT(tiny_model(**spec.example)).get_num_params() > plain_params
+    assert grows == spec.adds_params
+
+
+CHECKS = [check_spec, check_config_round_trip, check_cached_decoding, check_zero_gate]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_mechanism(name: str, check) -> None:
+    check(name)
+
+
+@pytest.mark.parametrize(
+    "check", [check_config_round_trip, check_cached_decoding], ids=lambda c: c.__name__
+)
+def test_all_mechanisms_composed(check) -> None:
+    check(ALL)
+
+
+def test_fields_belong_to_one_mechanism() -> None:
+    owned = [f for spec in mechanisms.specs() for f in spec.fields]
+    assert len(owned) == len(set(owned))
+    assert mechanisms.plain_fields() == {
+        k: v for spec in mechanisms.specs() for k, v in spec.switch.items()
+    }
+    assert mechanisms.enabled(ModelConfig()) == []
+
+
+def test_attention_passes_multiply() -> None:
+    """Twicing runs two passes in each boosting round: the FLOP count's attention term is 2M."""
+    assert mechanisms.attention_passes(ModelConfig()) == 1
+    assert mechanisms.attention_passes(ModelConfig(boost_rounds=3, twicing=True)) == 6
+    model = GPT(tiny_model(boost_rounds=3, twicing=True))
+    cfg = model.config
+    attention = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size
+    assert model.flops_per_token() == 6 * model.get_num_params() + 6 * attention
+
+
+@pytest.fixture
+def with_toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/toy_mechanism.py registered with one line."""
+    monkeypatch.setitem(sys.modules, f"{mechanisms.__name__}.toy", toy_mechanism)
+    monkeypatch.setattr(mechanisms, "REGISTRY", (*mechanisms.REGISTRY, "toy"))
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_a_toy_mechanism_from_one_file_passes(with_toy, check) -> None:
+    check("toy")
+    if check in (check_config_round_trip, check_cached_decoding):
+        check(ALL)  # and composed with every real mechanism
