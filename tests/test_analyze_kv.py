@@ -190,6 +190,7 @@ def test_per_position_cli(runs: tuple[Path, Path], tmp_path: Path) -> None:
     for name in ("by_column", "by_header_distance", "by_region"):
         with (tmp_path / "pp" / f"top_{name}.csv").open() as f:
             assert sum(int(r["count"]) for r in csv.DictReader(f)) == 1500
+    assert (tmp_path / "pp" / "top.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
@@ -230,6 +231,11 @@ def test_names_command(runs: tuple[Path, Path], capsys: pytest.CaptureFixture) -
     ]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
+    written = runs[0] / "analysis"  # CSVs and the figure beside the run's other analyses
+    assert (written / "names.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with (written / "names.csv").open() as f:
+        (row,) = csv.DictReader(f)
+    assert int(row["headers"]) == report["runs"][str(runs[0])]["headers"]
     assert list(report["runs"]) == [str(runs[0])] and report["samples"] == 2
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()

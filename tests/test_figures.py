@@ -21,7 +21,8 @@ def check_figure(fig: Any, png: Path, n_axes: int, title_has: str) -> list[Any]:
     titles = [fig.get_suptitle(), *(ax.get_title() for ax in axes)]
     assert any(title_has in t for t in titles), titles
     for ax in axes:
-        assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+        shared = ax.get_shared_x_axes().get_siblings(ax)  # panels stacked on one x axis
+        assert any(a.get_xlabel() for a in shared) and ax.get_ylabel(), ax.get_title()
         for axis in (ax.xaxis, ax.yaxis):  # no 6x10^0: every tick label plain text
             fig.canvas.draw()
             labels = axis.get_ticklabels(which="both")
@@ -87,9 +88,8 @@ def test_bench_generate_figure(tmp_path: Path) -> None:
 def test_quick_benches_say_they_are_smoke_tests(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from attnlab.bench import train
-    from attnlab.bench._timing import figure_path
     from attnlab.cli import main
+    from attnlab.commands.bench import figure_path, train
 
     assert main(["bench", "train", "--quick"]) == 0
     out, err = capsys.readouterr()
@@ -104,3 +104,141 @@ def test_quick_benches_say_they_are_smoke_tests(
     assert figure_path(None, "overhead", quick=True) == "runs/bench/overhead-quick.png"
     assert figure_path(None, "overhead", quick=False) == "runs/bench/overhead.png"
     assert figure_path("x.png", "overhead", quick=True) == "x.png"
+
+
+def test_gates_figure(tmp_path: Path) -> None:
+    import numpy as np
+
+    from attnlab.analysis.gates import plot
+
+    means = np.random.default_rng(0).uniform(0.2, 0.8, (3, 2, 16))  # 3 layers, 2 extra rounds
+    fig = plot(means, tmp_path / "g.png", "runs/boosted")
+    axes = check_figure(fig, tmp_path / "g.png", 3, "runs/boosted")
+    for ax in axes:
+        assert ax.get_ylabel() == "gate value"
+        assert labelled_lines(ax) == [
+            "round 1 gate",
+            "round 2 gate",
+            "g = 0.5 (half of each correction)",
+        ]
+        assert any(t.get_text() == "g = 0.5" for t in ax.texts)  # the line is labelled in place
+    assert len(fig.legends) == 1
+
+
+def test_entropy_figure_has_a_legend_on_every_panel(tmp_path: Path) -> None:
+    import numpy as np
+
+    from attnlab.analysis.entropy import plot
+
+    rng = np.random.default_rng(0)
+    sources = {k: rng.gamma(3, 0.5, (2, 3, 4, 8)) for k in ("standard", "round0", "round1")}
+    fig = plot(sources, tmp_path / "e.png", "runs/b (rounds) vs runs/s (standard)")
+    left, right = check_figure(fig, tmp_path / "e.png", 2, "runs/b (rounds) vs runs/s")
+    for ax in (left, right):
+        assert ax.get_legend() is not None
+        assert [t.get_text().split(" (")[0] for t in ax.get_legend().get_texts()] == list(sources)
+    # outlined densities: one line per source, each with its own colour and style
+    patches = [p for p in left.patches if not p.get_label().startswith("_")]
+    assert len(patches) == 3 and all(not p.get_fill() for p in patches)
+    assert len({(str(p.get_edgecolor()), p.get_linestyle()) for p in patches}) == 3
+
+
+def test_hull_figure(tmp_path: Path) -> None:
+    from attnlab.analysis.hull import plot
+
+    rows = [
+        {"sequence": 0, "layer": layer, "head": h, "position": p, "distance": 0.1 * layer + p / 100}
+        for layer in range(2)
+        for h in range(2)
+        for p in range(3)
+    ]
+    fig = plot(rows, tmp_path / "h.png", "runs/boosted")
+    (ax,) = check_figure(fig, tmp_path / "h.png", 1, "runs/boosted")
+    assert set(labelled_lines(ax)) == {
+        "quartiles (whiskers 1.5 IQR)",
+        "median",
+        "one (window, head, position)",
+        "layer mean",
+    }
+    assert ax.get_legend() is not None
+
+
+def test_attention_figure_marks_the_query(tmp_path: Path) -> None:
+    from attnlab.analysis.attention import plot
+
+    labels = ["a", "b", "\u2423", "c"]
+    panel = {"labels": labels, "weights": {"round0": [0.1, 0.2, 0.3, 0.4]}, "title": "seq 0 pos 9"}
+    panel2 = {**panel, "weights": {"standard": [0.25] * 4, "round0": [0.1, 0.2, 0.3, 0.4]}}
+    fig = plot([panel, panel2], tmp_path / "a.png", "runs/boosted, layer 1")
+    axes = check_figure(fig, tmp_path / "a.png", 2, "runs/boosted, layer 1")
+    assert labelled_lines(axes[0]) == ["query token", "round0"]
+    assert labelled_lines(axes[1]) == ["query token", "standard", "round0"]
+    for ax in axes:
+        assert ax.get_legend() is not None
+        ticks = ax.get_xticklabels()
+        assert [t.get_text() for t in ticks] == labels and ticks[-1].get_fontweight() == "bold"
+
+
+def test_attention_queries_have_context(tmp_path: Path) -> None:
+    """Chosen queries are never position 0: with a full window of context when picked."""
+    import torch
+
+    from attnlab.analysis.attention import chosen_tokens
+    from attnlab.analysis.inputs import Inputs
+    from attnlab.errors import AttnlabError
+
+    x = torch.zeros(3, 32, dtype=torch.long)
+    inputs = Inputs(None, None, x, x)
+    assert chosen_tokens(inputs, {}, None, sequence=1, top=3, window=16) == [
+        (1, 15),
+        (1, 23),
+        (1, 31),
+    ]
+    gain = torch.zeros(3, 32)
+    gain[0, 0], gain[2, 5], gain[1, 20] = 9.0, 8.0, 1.0  # the best gains lack context
+    losses = {"standard": gain, "boosted": torch.zeros(3, 32)}
+    assert chosen_tokens(inputs, losses, None, top=1, window=8) == [(1, 20)]
+    with pytest.raises(AttnlabError, match="position 0 attends only to itself"):
+        chosen_tokens(inputs, {}, [0, 4])
+
+
+def test_per_position_figure(tmp_path: Path) -> None:
+    from attnlab.analysis.per_position import plot
+
+    def rows(keys: list[str]) -> list[dict]:
+        return [
+            {"group": k, "count": 5, "loss_a": 1.0, "loss_b": 0.9, "b_minus_a": -0.1} for k in keys
+        ]
+
+    groups = {
+        "by_region": rows(["header", "speech"]),
+        "by_column": rows(["0", "1", "2+"]),
+        "by_header_distance": rows(["none", "0", "1+"]),
+    }
+    fig = plot(groups, tmp_path / "p.png", "runs/a", "runs/b")
+    axes = check_figure(fig, tmp_path / "p.png", 3, "B = runs/b against A = runs/a")
+    line = "no difference (below: B better)"
+    assert labelled_lines(axes[0]) == [line, "B - A per region (targets)"]
+    assert labelled_lines(axes[1]) == labelled_lines(axes[2]) == ["B - A", line]
+    assert list(axes[2].get_lines()[0].get_xdata()) == [0, 1]  # "none" left out, 1+ pooled at 1
+    assert "(1+ pooled)" in axes[2].get_xlabel()
+    assert len(fig.legends) == 1
+
+
+def test_names_figure(tmp_path: Path) -> None:
+    from attnlab.analysis.names import plot
+
+    score = {"headers": 10, "canonical_headers": 6, "distinct_names": 5, "distinct_canonical": 2}
+    report = {
+        "samples": 2,
+        "length": 50,
+        "cast_size": 40,
+        "runs": {"runs/a": score, "runs/b": score},
+    }
+    fig = plot(report, tmp_path / "n.png")
+    axes = check_figure(fig, tmp_path / "n.png", 2, "runs/a and runs/b")
+    for ax in axes:
+        assert labelled_lines(ax) == ["in the training cast", "invented"]
+        assert [t.get_text() for t in ax.texts] == ["60% real"] * 2 or [
+            t.get_text() for t in ax.texts
+        ] == ["40% real"] * 2

@@ -1,7 +1,8 @@
 """Attention of chosen tokens per round, head-averaged (Figure 6).
 
 Tokens are given positions of one validation window, or (with a baseline) the ``top`` tokens
-where the boosted run's loss beats the baseline's by the most.
+where the boosted run's loss beats the baseline's by the most, or else ``top`` evenly spaced
+positions; picked queries have a full window of context (position 0 attends only to itself).
 """
 
 from __future__ import annotations
@@ -54,46 +55,63 @@ def chosen_tokens(
     tokens: list[int] | None = None,
     sequence: int = 0,
     top: int = 2,
+    window: int = 16,
 ) -> list[tuple[int, int]]:
-    """(sequence, position) pairs: ``tokens`` of window ``sequence``, or where boosting gains most."""
+    """(sequence, position) pairs: ``tokens`` of window ``sequence``; else, with a baseline, the
+    ``top`` where boosting gains most; else ``top`` evenly spaced positions of ``sequence``.
+
+    Chosen queries have at least ``window`` - 1 tokens of context (as many as the window
+    allows): position 0 attends only to itself and shows nothing.
+    """
     n, t = inputs.x.shape
+    if not 0 <= sequence < n:
+        raise AttnlabError(f"--sequence {sequence} is out of range: {n} windows loaded")
     if tokens:
-        if not 0 <= sequence < n:
-            raise AttnlabError(f"--sequence {sequence} is out of range: {n} windows loaded")
-        bad = [p for p in tokens if not 0 <= p < t]
+        bad = [p for p in tokens if not 1 <= p < t]
         if bad:
-            raise AttnlabError(f"--tokens {bad} out of range 0..{t - 1}")
+            raise AttnlabError(
+                f"--tokens {bad} out of range 1..{t - 1} (position 0 attends only to itself)"
+            )
         return [(sequence, p) for p in tokens]
+    first = min(max(1, window - 1), t - 1)
     if "standard" not in losses:
-        raise AttnlabError(
-            "give --tokens POSITIONS, or --baseline RUN to pick the tokens boosting fixes"
-        )
-    gain = (losses["standard"] - losses["boosted"]).flatten()
-    return [divmod(int(i), t) for i in gain.topk(min(top, gain.numel())).indices]
+        picks = np.linspace(first, t - 1, min(top, t - first)).round().astype(int)
+        return [(sequence, int(p)) for p in dict.fromkeys(picks)]
+    gain = (losses["standard"] - losses["boosted"])[:, first:]
+    best = gain.flatten().topk(min(top, gain.numel())).indices
+    return [(int(i) // gain.size(1), first + int(i) % gain.size(1)) for i in best]
 
 
-def plot(panels: list[dict], path: str | Path) -> Path:
-    """One panel per token: grouped bars over its last context positions, one colour per source."""
+def plot(panels: list[dict], path: str | Path, run: str = "the model") -> Any:
+    """One panel per query token: grouped bars over its context (oldest first, the query itself
+    last and shaded), one colour per source; legends beside the panels. Returns the Figure."""
     plt = pyplot()
     colours = {"standard": "tab:blue", "round0": "tab:gray", "round1": "tab:red"}
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.6), squeeze=False, layout="constrained"
+    )
     for ax, panel in zip(axes[:, 0], panels, strict=True):
         sources = panel["weights"]
         width = 0.8 / len(sources)
         xs = np.arange(len(panel["labels"]))
+        ax.axvspan(xs[-1] - 0.5, xs[-1] + 0.5, color="gold", alpha=0.3, label="query token")
         for i, (name, w) in enumerate(sources.items()):
             ax.bar(
                 xs + (i - (len(sources) - 1) / 2) * width,
                 w,
                 width,
                 label=name,
-                color=colours.get(name),
+                color=colours.get(name, f"C{i + 3}"),
             )
         ax.set_xticks(xs, panel["labels"], rotation=60, fontsize=7)
-        ax.set_ylabel("weight")
-        ax.set_title(panel["title"], fontsize=9)
-        ax.legend(fontsize=7)
-    return save_figure(fig, path)
+        ax.get_xticklabels()[-1].set_fontweight("bold")
+        ax.set_xlim(xs[0] - 0.6, xs[-1] + 0.6)
+        ax.set(xlabel="context token (oldest to the query)", ylabel="attention weight (head mean)")
+        ax.set_title(panel["title"], fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"attention of {run}", fontsize=10)
+    save_figure(fig, path)
+    return fig
 
 
 def analyze(
@@ -105,6 +123,7 @@ def analyze(
     top: int = 2,
     layer: int = 1,
     window: int = 16,
+    baseline_name: str = "baseline",
 ) -> tuple[list[dict[str, Any]], Path, Path]:
     """Weights of the chosen tokens in ``layer`` (clamped to the model's), ``window`` context
     positions each, written to ``out``/attention.csv and attention.png: (panels, csv, png)."""
@@ -114,7 +133,7 @@ def analyze(
     losses = {name: s[0] for name, s in scored.items()}
     layer = min(max(layer, 0), model.config.n_layer - 1)
     rows, panels = [], []
-    for seq, pos in chosen_tokens(inputs, losses, tokens, sequence, top):
+    for seq, pos in chosen_tokens(inputs, losses, tokens, sequence, top, window):
         weights = {
             f"round{m}": w for m, w in enumerate(token_weights(model, inputs.x, seq, pos, layer))
         }
@@ -130,7 +149,7 @@ def analyze(
         )
         panels.append(
             {
-                "labels": [repr(c)[1:-1] for c in context],
+                "labels": [repr(c)[1:-1].replace(" ", "\u2423") for c in context],  # ␣: space
                 "weights": {k: w[first:] for k, w in weights.items()},
                 "title": f"seq {seq} pos {pos}, layer {layer}: target {target!r}; {preds}",
             }
@@ -148,4 +167,7 @@ def analyze(
             for name, w in weights.items()
             for j, c in enumerate(context)
         ]
-    return panels, write_csv(out / "attention.csv", rows), plot(panels, out / "attention.png")
+    csv_path = write_csv(out / "attention.csv", rows)
+    run = inputs.name + (f" vs {baseline_name} (standard)" if baseline is not None else "")
+    plot(panels, out / "attention.png", f"{run}, layer {layer}")
+    return panels, csv_path, out / "attention.png"

@@ -54,28 +54,66 @@ def summary_rows(sources: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return rows
 
 
-def plot(sources: dict[str, np.ndarray], path: str | Path) -> Path:
-    """Left: histogram over all layers, heads and positions; right: mean per layer."""
+# each source keeps its look in both panels: (colour, line style)
+STYLES = {"standard": ("black", "-"), "round0": ("tab:blue", "--"), "round1": ("tab:red", "-.")}
+
+
+def plot(sources: dict[str, np.ndarray], path: str | Path, run: str = "the model") -> Any:
+    """Left: the distribution over all layers, heads and positions as outlined densities (one
+    line per source, so overlaps stay readable); right: mean per layer with its spread.
+    Returns the Figure."""
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     top = max(float(e.max()) for e in sources.values())
-    bins = np.linspace(0.0, top, 50)
-    for name, ent in sources.items():
-        left.hist(ent.reshape(-1), bins=bins, alpha=0.5, density=True, label=name)
-        right.plot(
-            range(ent.shape[0]), ent.reshape(ent.shape[0], -1).mean(1), marker="o", label=name
+    bins = np.linspace(0.0, max(top, 1e-9), 50)
+    for i, (name, ent) in enumerate(sources.items()):
+        color, style = STYLES.get(name, (f"C{i + 3}", ":"))
+        label = f"{name} (mean {ent.mean():.2f})"
+        left.hist(
+            ent.reshape(-1),
+            bins=bins,
+            density=True,
+            histtype="step",
+            lw=1.6,
+            color=color,
+            linestyle=style,
+            label=label,
         )
-    left.set(xlabel="entropy (nats)", ylabel="density", title="all layers and heads")
+        per_layer = ent.reshape(ent.shape[0], -1)
+        right.errorbar(
+            np.arange(ent.shape[0]) + 0.08 * (i - (len(sources) - 1) / 2),
+            per_layer.mean(1),
+            yerr=per_layer.std(1),
+            marker="o",
+            capsize=3,
+            color=color,
+            linestyle=style,
+            label=f"{name} (± std over heads, positions)",
+        )
+    left.set(
+        xlabel="entropy of an attention row (nats)",
+        ylabel="density (per nat)",
+        title="all layers, heads and positions",
+    )
     right.set(xlabel="layer", ylabel="mean entropy (nats)", title="mean per layer")
     right.set_xticks(range(next(iter(sources.values())).shape[0]))
-    left.legend(fontsize=8)
-    return save_figure(fig, path)
+    for ax in (left, right):  # below each panel: a legend on every panel, over no data
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    fig.suptitle(f"attention entropy: {run}", fontsize=10)
+    save_figure(fig, path)
+    return fig
 
 
 def analyze(
-    inputs: Inputs, out: Path, baseline: torch.nn.Module | None = None
+    inputs: Inputs,
+    out: Path,
+    baseline: torch.nn.Module | None = None,
+    baseline_name: str = "baseline",
 ) -> tuple[list[dict[str, Any]], Path, Path]:
     """Entropies written to ``out``/entropy.csv and entropy.png: (summary rows, csv, png)."""
     found = sources(inputs, baseline)
     rows = summary_rows(found)
-    return rows, write_csv(out / "entropy.csv", rows), plot(found, out / "entropy.png")
+    csv_path = write_csv(out / "entropy.csv", rows)
+    run = inputs.name + (f" (rounds) vs {baseline_name} (standard)" if baseline is not None else "")
+    plot(found, out / "entropy.png", run)
+    return rows, csv_path, out / "entropy.png"

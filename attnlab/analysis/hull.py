@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,25 +123,40 @@ def layer_means(rows: list[dict]) -> dict[int, float]:
     }
 
 
-def plot(rows: list[dict], path: str | Path) -> Path:
-    """Per layer: every distance (jittered) with a box and the annotated mean."""
+def plot(rows: list[dict], path: str | Path, run: str = "the boosted model") -> Any:
+    """Per layer: every distance (jittered dots), its box (quartiles, whiskers at 1.5 IQR) and
+    its mean (a diamond, annotated); the legend beside the axes. Returns the Figure."""
     plt = pyplot()
     means = layer_means(rows)
-    fig, ax = plt.subplots(figsize=(1.6 * len(means) + 2, 3.5))
+    fig, ax = plt.subplots(figsize=(1.6 * len(means) + 4.5, 3.8), layout="constrained")
     data = [[r["distance"] for r in rows if r["layer"] == layer] for layer in means]
-    ax.boxplot(data, positions=list(means), widths=0.5, showfliers=False)
+    box = ax.boxplot(data, positions=list(means), widths=0.5, showfliers=False)
+    box["boxes"][0].set_label("quartiles (whiskers 1.5 IQR)")
+    box["medians"][0].set_label("median")
     jitter = np.random.default_rng(0)
-    for layer, values in zip(means, data, strict=True):
-        ax.scatter(layer + jitter.uniform(-0.15, 0.15, len(values)), values, s=3, alpha=0.4)
+    for i, (layer, values) in enumerate(zip(means, data, strict=True)):
+        ax.scatter(
+            layer + jitter.uniform(-0.15, 0.15, len(values)),
+            values,
+            s=3,
+            alpha=0.4,
+            color="tab:blue",
+            label="one (window, head, position)" if i == 0 else None,
+        )
         ax.annotate(
             f"{means[layer]:.3g}", (layer, max(values)), ha="center", va="bottom", fontsize=8
         )
+    ax.plot(list(means), list(means.values()), "D", color="tab:red", label="layer mean")
+    ax.set_xticks(list(means))
     ax.set(
         xlabel="layer",
-        ylabel="distance to conv(round-0 values)",
-        title="boosted output outside the hull",
+        ylabel="distance to conv(round-0 values)\n(value-space units)",
+        title=f"how far the boosted output of {run} leaves the hull of round-0 values",
     )
-    return save_figure(fig, path)
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    save_figure(fig, path)
+    return fig
 
 
 def analyze(
@@ -150,4 +166,6 @@ def analyze(
     and hull.png: (rows, csv, png)."""
     at = evenly_spaced(inputs.x.size(1), positions)
     rows = hull_table(inputs.model, inputs.x, at, progress=progress)
-    return rows, write_csv(out / "hull.csv", rows), plot(rows, out / "hull.png")
+    csv_path = write_csv(out / "hull.csv", rows)
+    plot(rows, out / "hull.png", inputs.name)
+    return rows, csv_path, out / "hull.png"

@@ -27,12 +27,14 @@ BATCH = 8
 
 @dataclass
 class Inputs:
-    """What an analysis reads: the model, its tokenizer and validation windows (x, y) [N, T]."""
+    """What an analysis reads: the model, its tokenizer and validation windows (x, y) [N, T],
+    and the run's name for figure titles."""
 
     model: torch.nn.Module
     tokenizer: Any
     x: torch.Tensor
     y: torch.Tensor
+    name: str = "model"
 
 
 def validation_windows(
@@ -58,7 +60,7 @@ def load_inputs(run: str, data: str | None, sequences: int, device: str = "cpu")
             f"({model.config.vocab_size}); pass the run's own --data"
         )
     x, y = validation_windows(dataset.val, model.config.block_size, sequences)
-    return Inputs(model, tokenizer or dataset.tokenizer, x.to(device), y.to(device))
+    return Inputs(model, tokenizer or dataset.tokenizer, x.to(device), y.to(device), str(run))
 
 
 def load_baseline(path: str, like: torch.nn.Module, device: str = "cpu") -> torch.nn.Module:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from attnlab.analysis.inputs import token_pieces
+from attnlab.analysis.inputs import token_pieces, write_csv
 from attnlab.data.corpus import load_corpus
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
@@ -202,3 +202,66 @@ def name_test(
         )
         report["runs"][str(run)] = score_names(texts, cast, style)
     return report
+
+
+def summary_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per run: headers found, how many name the cast, distinct names."""
+    keys = ("headers", "canonical_headers", "fraction_canonical", "distinct_names")
+    return [
+        {"run": run, **{k: score[k] for k in (*keys, "distinct_canonical")}}
+        for run, score in report["runs"].items()
+    ]
+
+
+def name_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The most common names of each run, each marked canonical or invented."""
+    rows = []
+    for run, score in report["runs"].items():
+        invented = {name for name, _ in score["invented"]}
+        rows += [
+            {"run": run, "name": name, "count": count, "canonical": name not in invented}
+            for name, count in score["most_common"]
+        ]
+    return rows
+
+
+def plot(report: dict[str, Any], path: str | Path) -> Any:
+    """Per run, stacked bars of headers (left) and of distinct names (right) naming the real
+    cast or invented, the fraction canonical written on each. Returns the Figure."""
+    from attnlab.plotting import legend_outside, pyplot, save_figure
+
+    plt = pyplot()
+    runs = list(report["runs"])
+    labels = [Path(run).name or run for run in runs]
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 2 * len(runs), 4), layout="constrained")
+    for ax, total_key, real_key, what in (
+        (axes[0], "headers", "canonical_headers", "speaker headers"),
+        (axes[1], "distinct_names", "distinct_canonical", "distinct names"),
+    ):
+        real = [report["runs"][r][real_key] for r in runs]
+        invented = [report["runs"][r][total_key] - n for r, n in zip(runs, real, strict=True)]
+        ax.bar(labels, real, color="tab:green", label="in the training cast")
+        ax.bar(labels, invented, bottom=real, color="tab:orange", label="invented")
+        for x, (n, m) in enumerate(zip(real, invented, strict=True)):
+            share = f"{100 * n / (n + m):.0f}% real" if n + m else "none found"
+            ax.annotate(share, (x, n + m), ha="center", va="bottom", fontsize=8)
+        ax.set(xlabel="run", ylabel=f"{what} (count)", title=f"{what} in the samples")
+        ax.margins(y=0.15)
+    legend_outside(fig, list(axes), ncol=2)
+    fig.suptitle(
+        f"name test of {' and '.join(runs)}: {report['samples']} samples x {report['length']} "
+        f"tokens, cast of {report['cast_size']}",
+        fontsize=9,
+    )
+    save_figure(fig, path)
+    return fig
+
+
+def write_report(report: dict[str, Any], out: Path) -> list[Path]:
+    """names.csv (per run), names_top.csv (most common names) and names.png in ``out``."""
+    written = [
+        write_csv(out / "names.csv", summary_rows(report)),
+        write_csv(out / "names_top.csv", name_rows(report)),
+    ]
+    plot(report, out / "names.png")
+    return [*written, out / "names.png"]

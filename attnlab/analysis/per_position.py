@@ -202,13 +202,53 @@ def groupings(cmp: Comparison) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def plot(groups: dict[str, list[dict[str, Any]]], path: str | Path, run_a: str, run_b: str) -> Any:
+    """B - A by region (bars), by column in the line and by distance from the latest speaker
+    header (lines), each with the zero line; counts under the region bars. Returns the Figure."""
+    from attnlab.plotting import legend_outside, pyplot, save_figure
+
+    plt = pyplot()
+    fig, (ax_r, ax_c, ax_h) = plt.subplots(
+        1, 3, figsize=(13, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1, 2, 2]}
+    )
+    regions = groups["by_region"]
+    ax_r.bar(
+        [f"{r['group']}\n({r['count']:,})" for r in regions],
+        [r["b_minus_a"] for r in regions],
+        color="tab:purple",
+        alpha=0.7,
+        label="B - A per region (targets)",
+    )
+    ax_r.set(ylabel="loss B - A (nats per token)", xlabel="region (targets)", title="by region")
+    for ax, name, xlabel, title in (
+        (ax_c, "by_column", "column in the line (characters)", "by column"),
+        (ax_h, "by_header_distance", "characters since the speaker header began", "by header"),
+    ):
+        rows = [r for r in groups[name] if r["group"] != "none"]
+        xs = [int(r["group"].rstrip("+")) for r in rows]
+        ax.plot(xs, [r["b_minus_a"] for r in rows], marker=".", color="tab:purple", label="B - A")
+        ax.set(xlabel=xlabel, ylabel="loss B - A (nats per token)", title=title)
+        ax.set_xlabel(xlabel + (f" ({rows[-1]['group']} pooled)" if rows else ""))
+    for ax in (ax_r, ax_c, ax_h):
+        ax.axhline(0, color="gray", lw=0.8, ls="--", label="no difference (below: B better)")
+    legend_outside(fig, [ax_r, ax_c, ax_h], ncol=3)
+    fig.suptitle(f"per-position validation loss: B = {run_b} against A = {run_a}", fontsize=10)
+    save_figure(fig, path)
+    return fig
+
+
 def write_tables(
-    cmp: Comparison, out: Path, top: int = 20, context: int = 12
+    cmp: Comparison,
+    out: Path,
+    top: int = 20,
+    context: int = 12,
+    runs: tuple[str, str] = ("A", "B"),
 ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], list[Path]]:
-    """The top positions to ``out`` (CSV) and each grouping next to it as ``out``_NAME.csv:
-    (top rows, groupings, paths written)."""
+    """The top positions to ``out`` (CSV), each grouping next to it as ``out``_NAME.csv and the
+    figure of the groupings as ``out`` with .png: (top rows, groupings, paths written)."""
     rows, groups = top_positions(cmp, top, context), groupings(cmp)
     written = [write_csv(out, rows)]
     for name, group in groups.items():
         written.append(write_csv(out.with_name(f"{out.stem}_{name}.csv"), group))
-    return rows, groups, written
+    plot(groups, out.with_suffix(".png"), *runs)
+    return rows, groups, [*written, out.with_suffix(".png")]

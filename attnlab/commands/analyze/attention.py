@@ -1,7 +1,8 @@
 """`attnlab analyze attention RUN`: attention of chosen tokens per round, head-averaged (Figure 6).
 
 Tokens are ``--tokens`` positions of validation window ``--sequence``, or (with ``--baseline``)
-the ``--top`` tokens where the boosted run's loss beats the baseline's by the most.
+the ``--top`` tokens where the boosted run's loss beats the baseline's by the most, or else
+``--top`` evenly spaced positions with a full ``--window`` of context.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_common_args(p)
     p.add_argument("--baseline", metavar="RUN", help="a standard model to compare with (same data)")
-    p.add_argument("--tokens", help="comma-separated query positions in window --sequence")
+    p.add_argument(
+        "--tokens",
+        help="comma-separated query positions in window --sequence (default: with --baseline "
+        "the --top tokens boosting fixes most, else --top positions with a full --window of "
+        "context)",
+    )
     p.add_argument(
         "--sequence", type=int, default=0, help="validation window of --tokens (default 0)"
     )
@@ -48,7 +54,15 @@ def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
     panels, csv_path, png = attention.analyze(
-        inputs, out_dir(args), baseline, tokens, args.sequence, args.top, args.layer, args.window
+        inputs,
+        out_dir(args),
+        baseline,
+        tokens,
+        args.sequence,
+        args.top,
+        args.layer,
+        args.window,
+        str(args.baseline),
     )
     for panel in panels:
         print(panel["title"])

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
-    rows, csv_path, png = entropy.analyze(inputs, out_dir(args), baseline)
+    rows, csv_path, png = entropy.analyze(inputs, out_dir(args), baseline, str(args.baseline))
     for row in rows:
         if row["layer"] == "all":
             print(f"{row['source']:>8}: mean entropy {row['mean']:.4f} nats")

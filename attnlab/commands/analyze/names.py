@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--out", help="folder for names.csv, names_top.csv and names.png (default: RUN/analysis)"
+    )
     p.set_defaults(func=run)
 
 
@@ -66,7 +69,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.names import name_test
+    from attnlab.analysis.names import name_test, write_report
     from attnlab.device import resolve_device
 
     runs = [args.run] + ([args.run_b] if args.run_b else [])
@@ -81,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         args.exact_window,
         str(resolve_device(args.device)),
     )
+    written = write_report(report, Path(args.out) if args.out else Path(args.run) / "analysis")
     if args.json:
         print(json.dumps(report))
     else:
         print_report(report)
+        print(f"\nwrote {', '.join(map(str, written))}")
     return 0

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         default="per_position.csv",
-        help="CSV of the top positions; the grouped tables go next to it",
+        help="CSV of the top positions; the grouped tables and the PNG go next to it",
     )
     p.add_argument(
         "--max-tokens", type=int, default=None, help="score only the first N validation tokens"
@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         f"A {args.run_a}: loss {a:.4f} | B {args.run_b}: loss {b:.4f} | B - A {b - a:+.4f} "
         f"over {len(cmp.loss_a)} validation tokens (block {cmp.block_size})"
     )
-    top, groups, written = write_tables(cmp, Path(args.out), args.top, args.context)
+    top, groups, written = write_tables(
+        cmp, Path(args.out), args.top, args.context, (args.run_a, args.run_b)
+    )
     print(f"\ntop {args.top} positions where B beats A (context -> target):")
     shown = [{**row, "shown": f"{row['context']} -> {row['target']}"} for row in top]
     _print_table(shown, ["rank", "position", "shown", "loss_a", "loss_b", "a_minus_b"])
