@@ -1,1 +1,1 @@
-"""`attnlab bench <name>`: one module per benchmark, each with ``register(subparsers)``."""
+"""Side-by-side benchmarks (ratios measured in one run); their CLI is attnlab/commands/bench/."""

@@ -13,14 +13,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from attnlab.config import ModelConfig
 from attnlab.errors import ConfigError
-
-if TYPE_CHECKING:
-    import torch
-
-    from attnlab.config import ModelConfig
+from attnlab.model import GPT
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,6 @@ def relative(a: Timing, b: Timing) -> Timing:
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """Wait for queued kernels before reading the clock (a no-op on CPU)."""
-    import torch
-
     kind = torch.device(device).type
     if kind == "cuda":
         return torch.cuda.synchronize
@@ -116,10 +113,6 @@ def train_step(
     Returns (step, model). The loss is never read back, so no step forces a host sync. With
     ``compile`` the forward runs under ``torch.compile`` (compiled on the first step, i.e. warm-up).
     """
-    import torch
-
-    from attnlab.model import GPT
-
     torch.manual_seed(seed)
     model = GPT(config).to(device)
     opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.99), torch.device(device).type)
@@ -144,7 +137,7 @@ def allow_compiled_models(n: int) -> None:
     Dynamo keeps compiled graphs per code object (``GPT.forward``) for every model instance, and
     past its limit (8) a call silently falls back to eager, which would time half a benchmark eager.
     """
-    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.config as dynamo_config  # slow to import: only when compiling
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), 2 * n))
@@ -152,8 +145,6 @@ def allow_compiled_models(n: int) -> None:
 
 def matmul_peak_flops(n: int = 2048, reps: int = 5, device: torch.device | str = "cpu") -> float:
     """This machine's fp32 matmul rate in FLOP/s: the best of ``reps`` n x n x n products."""
-    import torch
-
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     sync = synchronizer(device)
@@ -179,13 +170,3 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
         ]
         lines.append("  ".join(cells))
     return "\n".join(lines)
-
-
-def figure_path(out: str | None, name: str, quick: bool) -> str:
-    """--out, else runs/bench/NAME.png; a --quick smoke test writes NAME-quick.png instead, so
-    that it never replaces a measured figure."""
-    return out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
-
-
-def out_help(name: str) -> str:
-    return f"PNG to write (default: runs/bench/{name}.png; with --quick {name}-quick.png)"

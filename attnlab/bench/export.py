@@ -10,30 +10,33 @@ agree; int8 may drift once a rare near-tie flips.
 
 from __future__ import annotations
 
-import argparse
+import copy
 import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 
-def bench_model(args: argparse.Namespace, scratch: Path) -> tuple[Any, Path]:
-    """(PyTorch model, folder holding model.onnx and model-int8.onnx for the same weights)."""
-    import torch
+from attnlab import from_pretrained
+from attnlab.bench._timing import interleaved
+from attnlab.bench.train import bench_config
+from attnlab.export import FILES, OnnxLM, export_model
+from attnlab.model import GPT
+from attnlab.model.generation import compile_for_decoding
 
-    from attnlab import from_pretrained
-    from attnlab.export import FILES, export_model
 
-    if args.model:
-        model, _ = from_pretrained(args.model, device="cpu")
-        folder = Path(args.model)
+def bench_model(model_dir: str | None, preset: str, scratch: Path) -> tuple[Any, Path]:
+    """(PyTorch model, folder holding model.onnx and model-int8.onnx for the same weights): the
+    model in ``model_dir`` (exported to ``scratch`` unless it holds both ONNX files already), or
+    a randomly initialised model of ``preset``."""
+    if model_dir:
+        model, _ = from_pretrained(model_dir, device="cpu")
+        folder = Path(model_dir)
         if all((folder / FILES[f]).is_file() for f in ("onnx", "onnx-int8")):
             return model, folder
     else:
-        from attnlab.bench.train import bench_config
-        from attnlab.model import GPT
-
         torch.manual_seed(0)
-        model = GPT(bench_config(args.preset)[0])
+        model = GPT(bench_config(preset)[0])
     print(f"bench export: exporting ONNX fp32 and int8 to {scratch}", file=sys.stderr)
     export_model(model, None, scratch, ["onnx-int8"])
     return model, scratch
@@ -49,14 +52,6 @@ def measure(
     compile: bool = True,
 ) -> list[list[str]]:
     """Table rows: backend, file MB, tokens/s, throughput vs eager, share of eager's tokens."""
-    import copy
-
-    import torch
-
-    from attnlab.bench._timing import interleaved
-    from attnlab.export import FILES, OnnxLM
-    from attnlab.model.generation import compile_for_decoding
-
     cfg = model.config
     prompt = torch.randint(
         0, cfg.vocab_size, (prompts, prompt_len), generator=torch.Generator().manual_seed(0)
@@ -96,55 +91,3 @@ def measure(
             ]
         )
     return rows
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "export", help="cached tokens/s of PyTorch eager, compiled, onnxruntime fp32 and int8"
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument(
-        "--preset", default="shakespeare-char", help="a randomly initialised model of this preset"
-    )
-    src.add_argument(
-        "--model",
-        metavar="DIR",
-        help="an exported folder (its ONNX files are used) or a run/model folder (exported first)",
-    )
-    p.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
-    p.add_argument("--prompts", type=int, default=4, help="prompts, decoded together as one batch")
-    p.add_argument(
-        "--prompt-len", type=int, default=None, help="tokens per prompt (default: block_size / 4)"
-    )
-    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
-    p.add_argument(
-        "--no-compile", action="store_true", help="leave out the torch.compile'd PyTorch row"
-    )
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    import tempfile
-
-    import torch
-
-    from attnlab.bench._timing import format_table
-    from attnlab.errors import AttnlabError
-
-    if min(args.tokens, args.prompts, args.reps) < 1:
-        raise AttnlabError("--tokens, --prompts and --reps must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="attnlab-bench-export-") as scratch:
-        model, folder = bench_model(args, Path(scratch))
-        cfg = model.config
-        prompt_len = min(args.prompt_len or max(1, cfg.block_size // 4), cfg.block_size)
-        rows = measure(
-            model, folder, args.tokens, args.prompts, prompt_len, args.reps, not args.no_compile
-        )
-    source = args.model or f"preset {args.preset} (random weights)"
-    print(
-        f"{source}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {model.get_num_params() / 1e6:.2f}M parameters; "
-        f"{args.prompts} prompts x {prompt_len} tokens, {args.tokens} new tokens each, greedy, KV cache, "
-        f"{torch.get_num_threads()} threads, {args.reps} reps"
-    )
-    print(format_table(["backend", "file MB", "tokens/s", "vs eager", "same tokens"], rows))
-    return 0

@@ -10,7 +10,6 @@ that of the first quarter (1.0 = no growth with position).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -18,9 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.bench._timing import figure_path, out_help
+import torch
 
-QUICK = dict(n_layer=1, n_embd=16, n_head=4, tokens=12, reps=1)
+from attnlab.bench._timing import format_table, interleaved
+from attnlab.bench.overhead import available, bench_variants
+from attnlab.model import GPT
+from attnlab.model.generation import compile_for_decoding, stream
+from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,6 @@ class GenRow:
 
 def decode_timed(model, tokens: int, use_cache: bool) -> tuple[list[float], list[int]]:
     """Greedy-decode ``tokens`` tokens after token 0; returns (seconds per token, the tokens)."""
-    import torch
-
-    from attnlab.model.generation import stream
-
     idx = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
     seconds, out = [], []
     with torch.no_grad():
@@ -76,13 +75,6 @@ def measure(
 
     With ``compile`` both modes run the same ``torch.compile``d model (compiled before timing).
     """
-    import torch
-
-    from attnlab.bench._timing import interleaved
-    from attnlab.bench.overhead import available, bench_variants
-    from attnlab.model import GPT
-    from attnlab.model.generation import compile_for_decoding
-
     base = base.replace(block_size=max(base.block_size, tokens + 1), dropout=0.0)
     fields = bench_variants()
     names = mechanisms or list(fields)
@@ -128,8 +120,6 @@ def measure(
 
 
 def table(rows: list[GenRow]) -> str:
-    from attnlab.bench._timing import format_table
-
     body = [
         [
             r.variant,
@@ -156,8 +146,6 @@ def table(rows: list[GenRow]) -> str:
 
 def plot(rows: list[GenRow], out: str, title: str) -> Any:
     """Per-token latency against position: one colour per model, solid cached, dotted recompute."""
-    from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5.2), layout="constrained")
     for i, r in enumerate(rows):
@@ -174,56 +162,3 @@ def plot(rows: list[GenRow], out: str, title: str) -> Any:
     legend_outside(fig, [ax], ncol=2)
     save_figure(fig, out)
     return fig
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "generate", help="KV-cached vs full-recompute decoding speed, per mechanism"
-    )
-    p.add_argument(
-        "--preset", default="shakespeare-char", help="model of this preset (block widened to fit)"
-    )
-    p.add_argument("--tokens", type=int, default=256, help="tokens to generate")
-    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile each model first (both modes)"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} tokens, "
-        f"{QUICK['reps']} repetition: a smoke test, not a measurement",
-    )
-    p.add_argument("--out", help=out_help("generate"))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from attnlab.bench.overhead import with_width
-    from attnlab.bench.train import bench_config
-    from attnlab.errors import AttnlabError
-    from attnlab.plotting import SMOKE
-
-    cfg, _ = bench_config(args.preset)
-    tokens, reps = args.tokens, args.reps
-    if args.quick:
-        cfg = with_width(cfg, QUICK["n_embd"], n_layer=QUICK["n_layer"], n_head=QUICK["n_head"])
-        tokens, reps = QUICK["tokens"], QUICK["reps"]
-        print(SMOKE)
-    if tokens < 4:
-        raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")
-    rows, missing = measure(cfg, tokens, reps, args.warmup, args.device, compile=args.compile)
-    print(
-        f"preset {args.preset}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {tokens} tokens, greedy, "
-        f"batch 1, {reps} reps, {args.device}{', compiled' if args.compile else ''}"
-    )
-    print(table(rows))
-    for name in missing:
-        print(f"{name}: not available (the mechanism adds no parameters in this build)")
-    title = f"bench generate, {args.preset}: per-token latency over {tokens} tokens"
-    out = figure_path(args.out, "generate", args.quick)
-    plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
-    print(f"wrote {out}")
-    return 0

@@ -10,16 +10,26 @@ All models of one width run interleaved.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.bench._timing import figure_path, out_help
+import torch
+
+from attnlab.bench._timing import (
+    allow_compiled_models,
+    format_table,
+    interleaved,
+    relative,
+    synchronizer,
+    train_step,
+)
+from attnlab.config import ModelConfig
+from attnlab.model import GPT, mechanisms
+from attnlab.plotting import legend_outside, pyplot, save_figure
 
 # name -> ModelConfig overrides; shared with `bench generate`
-QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
 
 
 @dataclass(frozen=True)
@@ -37,8 +47,6 @@ class Row:
 
 def count_params(config) -> int:
     """Parameters of GPT(config) (tied weights once)."""
-    from attnlab.model import GPT
-
     return sum(p.numel() for p in GPT(config).parameters())
 
 
@@ -105,15 +113,11 @@ def modern_backbone(base):
 
 def bench_variants() -> dict[str, dict[str, Any]]:
     """Every registered mechanism's benchmark variants: label -> config fields."""
-    from attnlab.model import mechanisms
-
     return mechanisms.bench_variants()
 
 
 def available(name: str, base) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
-    from attnlab.model import mechanisms
-
     return name not in mechanisms.param_adding_variants() or count_params(
         base.replace(**bench_variants()[name])
     ) != count_params(base)
@@ -133,17 +137,6 @@ def measure(
     compile: bool = False,
 ) -> tuple[list[Row], list[str]]:
     """Time every mechanism at every width; returns (rows, names of unavailable mechanisms)."""
-    import torch
-
-    from attnlab.bench._timing import (
-        allow_compiled_models,
-        interleaved,
-        relative,
-        synchronizer,
-        train_step,
-    )
-    from attnlab.config import ModelConfig
-
     fields = bench_variants()
     names = mechanisms or list(fields)
     rows: list[Row] = []
@@ -219,8 +212,6 @@ def measure(
 
 
 def table(rows: list[Row]) -> str:
-    from attnlab.bench._timing import format_table
-
     body = [
         [
             f"{r.variant} @{r.n_embd}" + (f" ({r.match})" if r.match in ("fair", "modern") else ""),
@@ -252,8 +243,6 @@ MATCH_STYLE: dict[str, tuple[str, str, str, bool]] = {
 def plot(rows: list[Row], out: str, title: str) -> Any:
     """Step time (left) and overhead against vanilla (right) per vanilla width: one colour per
     mechanism, one line style and marker per comparison, every row of the table drawn."""
-    from attnlab.plotting import legend_outside, pyplot, save_figure
-
     plt = pyplot()
     fig, (ax_t, ax_o) = plt.subplots(1, 2, figsize=(11, 5.2), layout="constrained")
     variants = list(dict.fromkeys(r.variant for r in rows))
@@ -291,65 +280,3 @@ def plot(rows: list[Row], out: str, title: str) -> Any:
     fig.suptitle(title, fontsize=10)
     save_figure(fig, out)
     return fig
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "overhead", help="step-time overhead of each mechanism vs vanilla, across widths"
-    )
-    p.add_argument(
-        "--widths", default="128,256,384,512,640,768", help="comma-separated vanilla n_embd values"
-    )
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--block", type=int, default=256)
-    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions per width")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile every model (during warm-up)"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"widths {', '.join(map(str, QUICK['widths']))}, {QUICK['layers']} layer, "
-        f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement",
-    )
-    p.add_argument("--out", help=out_help("overhead"))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from attnlab.errors import AttnlabError
-    from attnlab.plotting import SMOKE
-
-    try:
-        widths = [int(w) for w in args.widths.split(",") if w.strip()]
-    except ValueError:
-        raise AttnlabError(
-            f"--widths must be comma-separated integers, got {args.widths!r}"
-        ) from None
-    opts = dict(
-        widths=widths,
-        layers=args.layers,
-        batch=args.batch,
-        block=args.block,
-        reps=args.reps,
-        n_head=args.heads,
-    )
-    if args.quick:
-        opts.update(QUICK)
-        print(SMOKE)
-    rows, missing = measure(**opts, warmup=args.warmup, device=args.device, compile=args.compile)
-    print(table(rows))
-    for name in missing:
-        print(f"{name}: not available (the mechanism adds no parameters in this build)")
-    title = (
-        f"bench overhead: {opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
-        f"{opts['reps']} interleaved reps, {args.device}{', compiled' if args.compile else ''}"
-    )
-    out = figure_path(args.out, "overhead", args.quick)
-    plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
-    print(f"wrote {out}")
-    return 0

@@ -9,15 +9,22 @@ overhead is ours.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
+import torch.nn.functional as F
 
-    from attnlab.config import ModelConfig
+from attnlab.bench._timing import (
+    format_table,
+    interleaved,
+    matmul_peak_flops,
+    synchronizer,
+    train_step,
+)
+from attnlab.config import ModelConfig
+from attnlab.model import mechanisms
+from attnlab.presets import get_preset
 
 CHAR_VOCAB = 65  # tiny-shakespeare's character set, for presets that take vocab_size from the data
 # the component fields of a plain nanoGPT model (every mechanism off comes from the registry)
@@ -29,14 +36,10 @@ NANOGPT_COMPONENTS: dict[str, object] = dict(
     ffn_sublayers=1,
     tie_embeddings=True,
 )
-QUICK = dict(n_layer=1, n_embd=16, n_head=4, block_size=16, batch=2, steps=2, peak_n=128)
 
 
 def bench_config(preset: str) -> tuple[ModelConfig, int]:
     """(model config, batch size) of a preset, with dropout off (timing, not training)."""
-    from attnlab.config import ModelConfig
-    from attnlab.presets import get_preset
-
     p = get_preset(preset)
     cfg = ModelConfig.from_dict({"vocab_size": CHAR_VOCAB, **p.model, "dropout": 0.0})
     return cfg, int(p.train.get("batch_size", 32))
@@ -44,8 +47,6 @@ def bench_config(preset: str) -> tuple[ModelConfig, int]:
 
 def is_nanogpt_shaped(cfg: ModelConfig) -> bool:
     """True when the config is plain nanoGPT, the only model the reference implements."""
-    from attnlab.model import mechanisms
-
     plain = {**NANOGPT_COMPONENTS, **mechanisms.plain_fields()}
     return all(getattr(cfg, k) == v for k, v in plain.items()) and cfg.n_kv_head == cfg.n_head
 
@@ -54,9 +55,6 @@ def reference_loss(
     p: dict[str, torch.Tensor], cfg: ModelConfig, idx: torch.Tensor, targets: torch.Tensor
 ):
     """nanoGPT's forward and loss as functional calls on a name -> tensor dict of GPT's parameters."""
-    import torch
-    import torch.nn.functional as F
-
     b, t = idx.shape
     e, nh, eps = cfg.n_embd, cfg.n_head, float(cfg.norm_eps or 1e-5)
     x = F.embedding(idx, p["transformer.wte.weight"]) + F.embedding(
@@ -89,8 +87,6 @@ def reference_step(
     model: torch.nn.Module, batch_size: int, device: str = "cpu", seed: int = 0
 ) -> Callable[[], None]:
     """A training step of the reference on a copy of ``model``'s weights and train_step's batch."""
-    import torch
-
     cfg = model.config
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     groups = [
@@ -119,8 +115,6 @@ def measure(
     peak_n: int = 2048,
 ) -> dict[str, object]:
     """Peak matmul rate, then our step and (for nanoGPT-shaped configs) the reference, interleaved."""
-    from attnlab.bench._timing import interleaved, matmul_peak_flops, synchronizer, train_step
-
     peak = matmul_peak_flops(peak_n, device=device)
     ours, model = train_step(cfg, batch, device)
     variants = {"attnlab GPT": ours}
@@ -140,8 +134,6 @@ def measure(
 
 
 def table(result: dict) -> str:
-    from attnlab.bench._timing import format_table
-
     rows = []
     for name, t in result["timings"].items():
         tok_s = result["tokens_per_step"] / t.median_s
@@ -151,57 +143,3 @@ def table(result: dict) -> str:
             [name, f"{1000 * t.median_s:.1f}", f"{tok_s:,.0f}", f"{100 * mfu:.1f}%", f"{speed:.3f}"]
         )
     return format_table(["model", "ms/iter", "tokens/s", "MFU", "speed vs ours"], rows)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "train", help="training tokens/s, MFU, and our step vs a plain reference"
-    )
-    p.add_argument(
-        "--preset", default="shakespeare-char", help="model and batch size of this preset"
-    )
-    p.add_argument("--steps", type=int, default=20, help="interleaved repetitions")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['steps']} steps: "
-        "a smoke test, not a measurement",
-    )
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from attnlab.bench.overhead import with_width
-    from attnlab.plotting import SMOKE
-
-    cfg, batch = bench_config(args.preset)
-    steps, peak_n = args.steps, 2048
-    if args.quick:
-        q = QUICK
-        cfg = with_width(
-            cfg, q["n_embd"], n_layer=q["n_layer"], n_head=q["n_head"], block_size=q["block_size"]
-        )
-        batch, steps, peak_n = q["batch"], q["steps"], q["peak_n"]
-        print(SMOKE)
-    result = measure(cfg, batch, steps, args.warmup, args.device, peak_n)
-    print(
-        f"preset {args.preset}: {result['params']:,} parameters, batch {batch} x block {cfg.block_size}, "
-        f"{args.device}"
-    )
-    print(
-        f"matmul peak ({peak_n}^3 fp32): {result['peak_flops'] / 1e9:.1f} GFLOP/s; "
-        f"model {result['flops_per_token'] / 1e6:.2f} MFLOP per token (fwd + bwd)"
-    )
-    print(table(result))
-    timings = result["timings"]
-    if "plain reference" in timings:
-        speed = timings["plain reference"].ratio  # median of reference time / our time
-        target = "smoke test: no target" if args.quick else "target >= 0.98x"
-        print(f"attnlab GPT speed relative to the plain reference: {speed:.3f}x ({target})")
-    else:
-        print(
-            "no plain reference: the preset is not nanoGPT-shaped (components or mechanisms differ)"
-        )
-    return 0

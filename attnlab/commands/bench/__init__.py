@@ -1,0 +1,32 @@
+"""`attnlab bench <name> ...`: side-by-side benchmarks, one sub-command module each here.
+
+The benchmarks themselves live in attnlab.bench; each module here registers its parser when the
+CLI starts and imports its benchmark (and torch) only once it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnlab.cli import register_all
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmarks that print ratios measured side by side"
+    )
+    register_all(
+        parser.add_subparsers(dest="benchmark", required=True, metavar="BENCH"),
+        sys.modules[__name__],
+    )
+
+
+def figure_path(out: str | None, name: str, quick: bool) -> str:
+    """--out, else runs/bench/NAME.png; a --quick smoke test writes NAME-quick.png instead, so
+    that it never replaces a measured figure."""
+    return out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
+
+
+def out_help(name: str) -> str:
+    return f"PNG to write (default: runs/bench/{name}.png; with --quick {name}-quick.png)"
