@@ -83,6 +83,8 @@ class _Serialisable:
             ok = any(_is_kind(value, k) for k in kinds)
             if not ok:
                 raise ConfigError(f"{f.name}={value!r} must be of type {f.type}")
+            if isinstance(value, float) and not math.isfinite(value):  # NaN, inf, 1e999
+                raise ConfigError(f"{f.name}={value!r} must be a finite number")
 
     def _check_choice(self, name: str) -> None:
         value = getattr(self, name)

@@ -61,6 +61,12 @@ def error_line(p: subprocess.CompletedProcess, command: str) -> str:
             ["--preset", "shakespeare-chr"],
             "unknown preset 'shakespeare-chr' (did you mean shakespeare-char",
         ),
+        (["learning_rate=1e999"], "learning_rate=inf must be a finite number"),  # overflows
+        (["norm_eps=NaN"], "norm_eps=nan must be a finite number"),
+        (["grad_clip=Infinity"], "grad_clip=inf must be a finite number"),
+        (["max_seconds=NaN"], "max_seconds=nan must be a finite number"),
+        (["rope_theta=-Infinity"], "rope_theta=-inf must be a finite number"),
+        (["min_lr=NaN"], "min_lr=nan must be a finite number"),
     ],
 )
 def test_bad_train_config(attnlab, tiny_data: Path, tmp_path: Path, args, expected):
@@ -327,4 +333,30 @@ def test_a_device_this_machine_lacks_gets_one_line(
     before = snapshot(tmp_path)
     args = DEVICE_COMMANDS[command](str(model_dir), str(tiny_data), str(tmp_path / "o"), device)
     assert error_line(attnlab(*args), command) == DEVICES[device]
+    assert snapshot(tmp_path) == before
+
+
+def _a_folder(tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path, "config file {path}: Is a directory; --config takes a TOML file"
+
+
+def _not_utf8(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "run.toml"
+    path.write_bytes(b"max_iters = 3 # caf\xe9\n")
+    return path, "config file {path} is not UTF-8 text"
+
+
+def _no_such(tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path / "no.toml", "config file {path} does not exist"
+
+
+@pytest.mark.parametrize("make", [_a_folder, _not_utf8, _no_such])
+def test_a_config_that_is_not_a_toml_file(attnlab, tiny_data: Path, tmp_path: Path, make):
+    from test_folder_safety import snapshot
+
+    path, expected = make(tmp_path)
+    before = snapshot(tmp_path)
+    p = attnlab("train", "--config", str(path), "--data", str(tiny_data), "--out",
+                str(tmp_path / "run"), *TINY)  # fmt: skip
+    assert error_line(p, "train") == expected.format(path=path)
     assert snapshot(tmp_path) == before

@@ -40,6 +40,12 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise AttnlabError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise AttnlabError(f"config file {path} is not valid TOML ({e})") from None
+    except UnicodeDecodeError:
+        raise AttnlabError(f"config file {path} is not UTF-8 text") from None
+    except OSError as e:  # a folder, unreadable, a symlink loop
+        raise AttnlabError(
+            f"config file {path}: {e.strerror}; --config takes a TOML file"
+        ) from None
 
 
 def as_overrides(table: dict[str, Any]) -> list[str]:
