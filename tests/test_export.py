@@ -89,6 +89,8 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
     past = [(f"{i}.{name}", heads) for i in range(cfg.n_layer) for name, heads in slots]
     assert [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in graph.input] == [
         ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
+        ("attention_mask", onnx.TensorProto.INT64, ["batch", dims(graph.input[1])[1]]),
+        ("position_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
         *[
             (f"past_key_values.{n}", onnx.TensorProto.FLOAT, ["batch", h, "past", dh])
             for n, h in past
@@ -201,6 +203,30 @@ def test_from_pretrained_prefers_safetensors_then_bin(
 def test_onnx_parity_all_mechanisms(exported: tuple[GPT, Path]) -> None:
     model, out = exported
     assert check_onnx_parity(model, out) < 1e-4
+
+
+def test_onnx_left_padding_matches_unpadded(exported: tuple[GPT, Path]) -> None:
+    """attention_mask and position_ids: a padded row's logits are those it has alone."""
+    model, out = exported
+    session = load_onnx(out)[0].session
+    gen = torch.Generator().manual_seed(6)
+    short, long = (
+        torch.randint(0, 64, (1, 4), generator=gen),
+        torch.randint(0, 64, (1, 10), generator=gen),
+    )
+    ids = torch.cat([torch.cat([torch.zeros(1, 6, dtype=torch.long), short], 1), long]).numpy()
+    mask = np.ones((2, 10), dtype=np.int64)
+    mask[0, :6] = 0
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(-1) - 1).clip(0),
+    }
+    for i in session.get_inputs()[3:]:
+        feeds[i.name] = np.zeros((2, i.shape[1], 0, i.shape[3]), dtype=np.float32)
+    logits = session.run(["logits"], feeds)[0]
+    np.testing.assert_allclose(logits[0, 6:], torch_logits(model, short)[0], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(logits[1], torch_logits(model, long)[0], atol=1e-4, rtol=0)
 
 
 def test_int8_graph_runs(exported: tuple[GPT, Path]) -> None:

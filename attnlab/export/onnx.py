@@ -1,12 +1,12 @@
 """ONNX: the dynamo-exported graph with a KV cache, its int8 quantization, and onnxruntime.
 
-The graph takes ``input_ids`` (int64 [batch, seq]) and the cache as ``past_key_values.L.key`` /
+The graph takes ``input_ids`` (int64 [batch, seq]), ``attention_mask`` (int64 [batch, past + seq],
+0 = padding), ``position_ids`` (int64 [batch, seq]) and the cache as ``past_key_values.L.key`` /
 ``.value`` ([batch, kv_heads, past, head_dim], the names Optimum and onnxruntime-genai use), plus
 whatever per-token state a mechanism caches (``.twice`` for Twicing's 2V - AV, ``.rM.key`` /
 ``.rM.value`` for boosting round M); it returns ``logits`` for every new position and the grown
 cache as ``present.L.*``. The first step passes a cache of length 0, so one graph both
-prefills and decodes. Positions follow the cache length and every earlier token is attended to:
-there is no attention_mask or position_ids input, since attnlab's models have no padding.
+prefills and decodes.
 
 ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handles every
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
@@ -34,6 +34,7 @@ PROTOBUF_LIMIT = 2**31 - 2**26
 
 
 PAST, PRESENT = "past_key_values", "present"
+MASK, POSITIONS = "attention_mask", "position_ids"
 
 
 def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
@@ -79,12 +80,22 @@ class CachedLogitsModel(nn.Module):
         self.slots = cache_slots(model)
 
     def forward(
-        self, input_ids: torch.Tensor, past: list[torch.Tensor]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         tensors = iter(past)
         layers = [GraphLayerCache({n: next(tensors) for n, _ in names}) for names in self.slots]
         cache = GraphCache(layers, past[0].size(2))
-        logits = self.model(input_ids, cache=cache, all_logits=True)[0]
+        logits = self.model(
+            input_ids,
+            cache=cache,
+            all_logits=True,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+        )[0]
         return logits, [layer.present[n] for layer in layers for n in layer.past]
 
     def names(self, prefix: str) -> list[str]:
@@ -103,8 +114,10 @@ def write_onnx(model: nn.Module, path: Path) -> None:
     seq_len = past_len = max(2, min(8, cfg.block_size // 2))
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=cfg.block_size)
-    past_dim = torch.export.Dim("past", min=0, max=cfg.block_size)
+    past_dim = torch.export.Dim("past", min=0, max=cfg.block_size - 1)
     ids = torch.arange(2 * seq_len).view(2, -1) % cfg.vocab_size
+    mask = torch.ones(2, past_len + seq_len, dtype=torch.long)
+    positions = torch.arange(past_len, past_len + seq_len).repeat(2, 1)
     past = [
         torch.zeros(2, heads, past_len, cfg.head_dim)
         for names in wrapper.slots
@@ -115,13 +128,15 @@ def write_onnx(model: nn.Module, path: Path) -> None:
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
             wrapper,
-            (ids, past),
+            (ids, mask, positions, past),
             str(path),
             dynamo=True,
-            input_names=[INPUT, *wrapper.names(PAST)],
+            input_names=[INPUT, MASK, POSITIONS, *wrapper.names(PAST)],
             output_names=[OUTPUT, *wrapper.names(PRESENT)],
             dynamic_shapes={
                 INPUT: {0: batch, 1: seq},
+                MASK: {0: batch, 1: torch.export.Dim.AUTO},  # past + seq: inferred
+                POSITIONS: {0: batch, 1: seq},
                 "past": [{0: batch, 2: past_dim}] * len(past),
             },
             external_data=weight_bytes > PROTOBUF_LIMIT,
@@ -175,16 +190,23 @@ class OnnxLM:
     ) -> tuple[torch.Tensor, None]:
         """Logits [B, T, V] of ids [B, T] after ``cache`` (none: from position 0), on the CPU."""
         ids = idx.detach().cpu().numpy().astype("int64")
+        b, t = ids.shape
         past = cache.past if cache is not None and cache.past is not None else None
         if past is None:
             past = {
-                i.name: np.zeros((ids.shape[0], i.shape[1], 0, i.shape[3]), dtype=np.float32)
+                i.name: np.zeros((b, i.shape[1], 0, i.shape[3]), dtype=np.float32)
                 for i in self.past
             }
-        out = self.session.run(None, {INPUT: ids, **past})
+        start = cache.length if cache is not None else 0
+        feeds = {
+            INPUT: ids,
+            MASK: np.ones((b, start + t), dtype=np.int64),
+            POSITIONS: np.tile(np.arange(start, start + t, dtype=np.int64), (b, 1)),
+        }
+        out = self.session.run(None, {**feeds, **past})
         if cache is not None:
             cache.past = {i.name: a for i, a in zip(self.past, out[1:], strict=True)}
-            cache.length += ids.shape[1]
+            cache.length += t
         return torch.from_numpy(out[0]), None
 
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
