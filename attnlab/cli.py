@@ -15,6 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from attnlab import commands
 from attnlab.errors import AttnlabError
 
 
@@ -55,8 +56,6 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from attnlab import commands
-
     parser = Parser(prog="attnlab", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

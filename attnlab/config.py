@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from attnlab.errors import AttnlabError, ConfigError
 from attnlab.field_help import ALIASES
+from attnlab.presets import get_preset
 
 C = TypeVar("C", bound="_Serialisable")
 
@@ -236,8 +237,6 @@ class ModelConfig(_Serialisable):
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """A named architecture (see attnlab.presets), with field overrides."""
-        from attnlab.presets import get_preset
-
         return cls.from_dict({**get_preset(name).model, **overrides})
 
 

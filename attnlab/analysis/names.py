@@ -36,6 +36,7 @@ from attnlab.data.corpus import load_corpus
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.model.generation import generate
+from attnlab.plotting import legend_outside, pyplot, save_figure
 from attnlab.rundir import shared_data_dir
 from attnlab.train.checkpoint import load_pretrained
 
@@ -228,8 +229,6 @@ def name_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 def plot(report: dict[str, Any], path: str | Path) -> Any:
     """Per run, stacked bars of headers (left) and of distinct names (right) naming the real
     cast or invented, the fraction canonical written on each. Returns the Figure."""
-    from attnlab.plotting import legend_outside, pyplot, save_figure
-
     plt = pyplot()
     runs = list(report["runs"])
     labels = [Path(run).name or run for run in runs]

@@ -24,6 +24,7 @@ from attnlab.analysis.names import detect_style, header_spans
 from attnlab.data.bins import sequential_windows
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.plotting import legend_outside, pyplot, save_figure
 from attnlab.rundir import shared_data_dir
 from attnlab.train.checkpoint import load_pretrained
 
@@ -205,8 +206,6 @@ def groupings(cmp: Comparison) -> dict[str, list[dict[str, Any]]]:
 def plot(groups: dict[str, list[dict[str, Any]]], path: str | Path, run_a: str, run_b: str) -> Any:
     """B - A by region (bars), by column in the line and by distance from the latest speaker
     header (lines), each with the zero line; counts under the region bars. Returns the Figure."""
-    from attnlab.plotting import legend_outside, pyplot, save_figure
-
     plt = pyplot()
     fig, (ax_r, ax_c, ax_h) = plt.subplots(
         1, 3, figsize=(13, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1, 2, 2]}

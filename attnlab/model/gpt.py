@@ -18,6 +18,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.model.attention import CausalSelfAttention, Context, KVCache, padding_mask
+from attnlab.model.generation import generate
 from attnlab.model.layers import Rotary, make_mlp, make_norm
 from attnlab.model.mechanisms import attach, attention_passes
 
@@ -208,8 +209,6 @@ class GPT(nn.Module):
         ``eos_token_id`` stop (and are padded with it until every row has); the KV cache gives
         the same tokens as recomputing the whole context (see attnlab.model.generation).
         """
-        from attnlab.model.generation import generate
-
         return generate(
             self,
             idx,

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnlab.plotting import pyplot, save_figure
 from attnlab.studies.spec import StudySpec
 
 FIGURES = "figures"
@@ -133,7 +134,6 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     curves = _curves(runs)
     if not curves:
         return False
-    from attnlab.plotting import pyplot, save_figure
 
     plt = pyplot()
 

@@ -22,6 +22,9 @@ from typing import Any
 
 import torch
 
+from attnlab.analysis import entropy, gates, per_position
+from attnlab.analysis.inputs import load_baseline, load_inputs
+from attnlab.analysis.names import name_test
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench import overhead
 from attnlab.data.prepare import load_dataset
@@ -415,15 +418,14 @@ def run_analyses(
 
 
 def _per_position(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analysis.per_position import compare, groupings, top_positions
-
-    cmp = compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
-    return {"by_region": groupings(cmp)["by_region"], "top": top_positions(cmp, 10)}
+    cmp = per_position.compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
+    return {
+        "by_region": per_position.groupings(cmp)["by_region"],
+        "top": per_position.top_positions(cmp, 10),
+    }
 
 
 def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analysis.names import name_test
-
     report = name_test(
         runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
     )
@@ -431,12 +433,9 @@ def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analysis.gates import gate_means, plot
-    from attnlab.analysis.inputs import load_inputs
-
     inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
-    means = gate_means(inputs.model, inputs.x)
-    plot(means, out / "figures" / "gates.png")
+    means = gates.gate_means(inputs.model, inputs.x)
+    gates.plot(means, out / "figures" / "gates.png")
     return {
         "figure": "figures/gates.png",
         "layers": [
@@ -447,17 +446,14 @@ def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _entropy(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    from attnlab.analysis.entropy import entropies, plot, summary_rows
-    from attnlab.analysis.inputs import load_baseline, load_inputs
-
     inputs = load_inputs(runs[1], None, sizes.get("analysis_sequences", 50))
-    sources = {"standard": entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
-    for m, ent in enumerate(entropies(inputs.model, inputs.x)):
+    sources = {"standard": entropy.entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
+    for m, ent in enumerate(entropy.entropies(inputs.model, inputs.x)):
         sources[f"round{m}"] = ent
-    plot(sources, out / "figures" / "entropy.png")
+    entropy.plot(sources, out / "figures" / "entropy.png")
     return {
         "figure": "figures/entropy.png",
-        "rows": [r for r in summary_rows(sources) if r["layer"] == "all"],
+        "rows": [r for r in entropy.summary_rows(sources) if r["layer"] == "all"],
     }
 
 

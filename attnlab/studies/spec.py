@@ -23,7 +23,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from attnlab.config import unknown_key_message
 from attnlab.errors import AttnlabError
+from attnlab.train.spec import tomllib
 
 SCALES = ("ci", "cpu", "paper")
 KINDS = ("lm", "overhead", "retrieval")
@@ -142,8 +144,6 @@ def list_studies() -> list[tuple[str, str]]:
 
 
 def _load_toml_text(text: str, where: str) -> dict[str, Any]:
-    from attnlab.train.spec import tomllib
-
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -174,8 +174,6 @@ def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
 
 
 def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    from attnlab.config import unknown_key_message
-
     for key in data:
         if key not in allowed:
             raise AttnlabError(f"{where}: " + unknown_key_message(key, list(allowed), "study"))

@@ -19,17 +19,26 @@ import io
 import itertools
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
+from attnlab.model import GPT
+from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
+from attnlab.model.layers import Rotary
+from attnlab.model.memory import check_fits
 from attnlab.rundir import BEST, LATEST
 
 CONFIG = "config.json"
@@ -77,8 +86,6 @@ def write_weights(model: torch.nn.Module, path: Path) -> None:
 
 def write_state_dict(sd: dict[str, torch.Tensor], path: Path) -> None:
     """A safetensors file of ``sd`` with its sha256 in the metadata."""
-    from safetensors.torch import save
-
     metadata = {"format": "pt", DIGEST_KEY: weights_digest(sd), **file_digests(path.parent)}
     write_bytes(path, save(sd, metadata=metadata))
 
@@ -184,8 +191,6 @@ def checkpoint_dir(folder: str | Path) -> Path | None:
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler."""
-    from safetensors import SafetensorError, safe_open
-
     path = folder / WEIGHTS
     if path.is_file():
         try:
@@ -261,9 +266,6 @@ _TORCH_LOAD_BOILERPLATE = (
 
 def safe_torch_load(path: str | Path) -> Any:
     """torch.load that refuses anything but tensors and plain containers (never runs code)."""
-    import pickle
-    import warnings
-
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on stderr
             warnings.simplefilter("ignore")
@@ -315,8 +317,6 @@ def read_model_config(folder: Path) -> ModelConfig:
     if not path.is_file():
         raise AttnlabError(f"{folder} is not a model folder (no {CONFIG})")
     if model_type(folder) is not None:
-        from attnlab.model.hf_map import config_from_hf
-
         return config_from_hf(json.loads(path.read_text()), str(path))
     return ModelConfig.from_json(path)
 
@@ -339,10 +339,6 @@ def model_folder(path: str | Path) -> Path:
 
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
     """(model in eval mode, tokenizer or None) from a model folder or a run folder."""
-    from attnlab.data.tokenizer import Tokenizer
-    from attnlab.model import GPT
-    from attnlab.model.memory import check_fits
-
     folder = model_folder(path)
     config = read_model_config(folder)
     check_fits(config, torch.device(device), what=str(folder))
@@ -358,15 +354,11 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
     sd = read_weights(folder)
     kind = model_type(folder)
     if kind is not None:  # an export in transformers' names (GPT-2 / Llama)
-        from attnlab.model.hf_map import state_dict_from_hf
-
         sd = state_dict_from_hf(sd, config, kind)
     load_weights_strict(model, sd, str(folder))
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     if model.rotary is not None:  # non-persistent buffers are not in the file: rebuild them
-        from attnlab.model.layers import Rotary
-
         model.rotary = Rotary(config.head_dim, config.block_size, config.rope_theta).to(device)
     return model.eval(), tokenizer
 

@@ -14,6 +14,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,6 @@ def wrap(model: torch.nn.Module, env: DistEnv, device: torch.device, fsdp: bool)
             fully_shard(block)
         fully_shard(model)
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
@@ -95,8 +100,6 @@ def rebuild_optimizer(
 ) -> torch.optim.Optimizer:
     """After fully_shard swapped every parameter: a new optimizer over the sharded ones, with
     ``state`` (a plain, single-process optimizer state_dict, possibly empty) loaded into it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     optimizer = make()
     if state["state"]:
         names = _param_names(model, optimizer)
@@ -127,7 +130,6 @@ def full_state(
     """
     if not (fsdp and env.enabled):
         return (model, optimizer.state_dict()) if env.is_main else (None, None)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)

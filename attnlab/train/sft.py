@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from attnlab.config import TrainConfig, split_overrides
-from attnlab.data.bins import SeededSampler
+from attnlab.data.bins import SeededSampler, write_tokens
 from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
@@ -148,8 +148,6 @@ def _write_data(
     source: str,
 ) -> None:
     """The run's SFT data folder: a loadable prepared folder plus the records it was made of."""
-    from attnlab.data.bins import write_tokens
-
     _, indices, dropped = encode_examples(records, tokenizer, chat, block_size)
     kept = [records[i] for i in indices]
     if len(kept) < 2:

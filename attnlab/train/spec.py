@@ -6,12 +6,14 @@ Later sources win: preset < TOML file < command-line overrides. A TOML file may 
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
+from attnlab.data.prepare import default_data_dir, prepare
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 
@@ -50,8 +52,6 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 def as_overrides(table: dict[str, Any]) -> list[str]:
     """TOML values back to `key=value` strings so one router validates every source."""
-    import json
-
     return [f"{k}={json.dumps(v)}" for k, v in table.items()]
 
 
@@ -84,7 +84,6 @@ def default_data_for(data_spec: dict[str, Any]) -> Path | None:
     """The embedded corpus prepared the way a preset needs (char unless it says bpe)."""
     if data_spec.get("tokenizer", "char") == "char":
         return None
-    from attnlab.data.prepare import default_data_dir, prepare
 
     folder = default_data_dir(data_spec["tokenizer"], data_spec.get("vocab_size"))
     if not (folder / "meta.json").is_file():

@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.data.bins import BatchSampler, fixed_batches
+from attnlab.data.prepare import load_dataset
 from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
+from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.rundir import BEST, LATEST, RunConfig, RunDir
 from attnlab.train import checkpoint as ckpt
@@ -139,9 +143,6 @@ class Trainer:
     ) -> None:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
-        from attnlab.data.prepare import load_dataset
-        from attnlab.model import GPT
-
         self.run_folder = RunDir(run_dir)
         self.run_dir = self.run_folder.path
         self.quiet = quiet
@@ -198,8 +199,6 @@ class Trainer:
 
     def token_batches(self) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Random training windows of the token stream and the fixed validation batches."""
-        from attnlab.data.bins import BatchSampler, fixed_batches
-
         block, cfg = self.model_config.block_size, self.cfg
         for split in ("train", "val"):  # name the file: the sampler only knows a token count
             n = len(getattr(self.data, split))
@@ -258,8 +257,6 @@ class Trainer:
             self._write_run_config()
 
     def save(self, name: str) -> None:
-        from attnlab.model import GPT
-
         # a collective under FSDP (every rank gathers its shards), then rank 0 alone writes
         model, optimizer_state = distributed.full_state(
             self.model, self.optimizer, self.dist, self.cfg.fsdp, lambda: GPT(self.model_config)
@@ -572,8 +569,6 @@ class Progress:
     """
 
     def __init__(self, name: str, total: int, initial: int, enabled: bool) -> None:
-        from tqdm import tqdm
-
         self.total, self.enabled, self.postfix = total, enabled, {}
         self.bar = tqdm(
             total=total,
