@@ -32,6 +32,7 @@ MODELS = {
 }
 NATIVE = {"vanilla": "GPT2LMHeadModel", "gpt2-bias": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 PROMPT = [[3, 1, 4, 1, 5]]
+OTHER = [9, 2, 6]  # a shorter prompt, left-padded with 0 beside PROMPT
 NEW_TOKENS = 12
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 HF_SCRIPT = r"""
@@ -63,6 +64,12 @@ for name, folder in job["folders"].items():
     for use_cache in (True, False):
         out = model.generate(prompt, max_new_tokens=job["new"], do_sample=False, use_cache=use_cache)
         greedy[str(use_cache)] = out[0].tolist()
+    # a left-padded batch of two prompts: each row as if alone
+    padded = torch.tensor(job["padded"])
+    out = model.generate(
+        padded, attention_mask=(padded != 0).long(), max_new_tokens=job["new"], do_sample=False
+    )
+    greedy["padded"] = out.tolist()
     results[name] = {"class": type(model).__name__, "greedy": greedy}
 chat = job["chat"]
 tok = AutoTokenizer.from_pretrained(chat)
@@ -95,6 +102,7 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
         "chat": str(root / "chat"),
         "prompt": PROMPT,
         "new": NEW_TOKENS,
+        "padded": [[0] * (len(PROMPT[0]) - len(OTHER)) + OTHER, PROMPT[0]],
         "messages": MESSAGES,
         "out": str(root / "results.json"),
     }
@@ -130,7 +138,11 @@ def test_transformers_greedy_generate_matches_attnlab(hf_run, name: str) -> None
     models, results, _ = hf_run
     ref = models[name].generate(torch.tensor(PROMPT), NEW_TOKENS, temperature=0.0)[0].tolist()
     assert len(ref) == len(PROMPT[0]) + NEW_TOKENS  # no EOS in these exports: every step ran
-    assert results[name]["greedy"] == {"True": ref, "False": ref}  # with and without the cache
+    greedy = results[name]["greedy"]
+    assert greedy["True"] == greedy["False"] == ref  # with and without the cache
+    other = models[name].generate(torch.tensor([OTHER]), NEW_TOKENS, temperature=0.0)[0].tolist()
+    pad = len(PROMPT[0]) - len(OTHER)
+    assert greedy["padded"] == [[0] * pad + other, ref]
 
 
 def test_transformers_tokenizer_chat_template_and_pipeline(hf_run) -> None:

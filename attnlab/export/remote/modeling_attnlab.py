@@ -143,16 +143,23 @@ class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
         cache = kwargs.pop("cache", None)
         if cache is None:  # an empty Cache is falsy: no `or` here
             cache = kwargs.pop("past_key_values", None)
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError(
-                "attnlab models attend to every earlier token: padding (zeros in attention_mask) "
-                "is not supported; generate one sequence at a time"
-            )
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = position_ids = None  # no padding: attnlab's plain causal path
+        elif attention_mask is not None and position_ids is None:
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = positions[:, -input_ids.size(1) :]
         use_cache = getattr(self.config, "use_cache", True) if use_cache is None else use_cache
         if cache is None and use_cache:
             cache = AttnlabCache(self.gpt_class.new_cache(self))
         kv = cache.kv if isinstance(cache, AttnlabCache) else None
-        logits, _ = self.gpt_class.forward(self, input_ids, cache=kv, all_logits=True)
+        logits, _ = self.gpt_class.forward(
+            self,
+            input_ids,
+            cache=kv,
+            all_logits=True,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+        )
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(
