@@ -6,6 +6,7 @@ Each entry cites where its numbers come from (../shared/REFERENCE.md has the fac
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,8 +189,6 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        import difflib
-
         close = difflib.get_close_matches(name, PRESETS, n=3)
         hint = (
             f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(PRESETS)})"
