@@ -360,3 +360,84 @@ def test_a_config_that_is_not_a_toml_file(attnlab, tiny_data: Path, tmp_path: Pa
                 str(tmp_path / "run"), *TINY)  # fmt: skip
     assert error_line(p, "train") == expected.format(path=path)
     assert snapshot(tmp_path) == before
+
+
+SAMPLING = [
+    (["--temperature", "-1"], "temperature=-1.0 must be a finite number >= 0 (0 is greedy)"),
+    (["--temperature", "nan"], "temperature=nan must be a finite number >= 0 (0 is greedy)"),
+    (["--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
+    (["--top-p", "1.5"], "top_p=1.5 must be in (0, 1]"),
+    (["--top-p", "nan"], "top_p=nan must be in (0, 1]"),
+    (["--top-k", "0"], "top_k=0 must be an integer >= 1"),
+    (["--max-new-tokens", "-1"], "max_new_tokens=-1 must be an integer >= 0"),
+    (["--num-samples", "0"], "num_samples=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "expected"),
+    [("sample", *case) for case in SAMPLING]
+    + [("chat", *case) for case in SAMPLING if case[0][0] != "--num-samples"],
+)
+def test_invalid_sampling_values_are_refused(attnlab, model_dir: Path, command, args, expected):  # noqa: F811
+    assert error_line(attnlab(command, str(model_dir), *args), command) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [({"temperature": -1.0}, "temperature=-1.0 must be a finite number >= 0 (0 is greedy)"),
+     ({"top_p": 2.0}, "top_p=2.0 must be in (0, 1]"),
+     ({"top_k": 0}, "top_k=0 must be an integer >= 1"),
+     ({"max_new_tokens": -3}, "max_new_tokens=-3 must be an integer >= 0")],
+)  # fmt: skip
+def test_generate_refuses_invalid_sampling_values(kwargs, expected):
+    import torch
+    from conftest import tiny_model
+
+    from attnlab.errors import ConfigError
+    from attnlab.model import GPT
+
+    model = GPT(tiny_model())
+    options = {"max_new_tokens": 2, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        model.generate(torch.zeros((1, 1), dtype=torch.long), **options)
+    assert str(err.value) == expected
+
+
+def test_sample_into_a_closed_pipe_ends_quietly(model_dir: Path):  # noqa: F811
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "sample", str(model_dir), "--device", "cpu",
+         "--max-new-tokens", "20000", "--num-samples", "50"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert len(proc.stdout.read(10)) == 10  # what `| head -c 10` reads
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+
+
+def test_chat_reads_invalid_utf8_with_replacement_characters(tmp_path: Path):
+    import os
+    import sys
+
+    from conftest import ROOT, tiny_model
+    from test_chat import chat_tokenizer
+
+    from attnlab.model import GPT
+    from attnlab.train.checkpoint import save_checkpoint
+
+    tok = chat_tokenizer()
+    save_checkpoint(tmp_path / "m", GPT(tiny_model(vocab_size=tok.vocab_size, block_size=64)), tok)
+    p = subprocess.run(
+        [sys.executable, "-m", "attnlab", "chat", str(tmp_path / "m"), "--max-new-tokens", "2"],
+        input=b"caf\xe9 \xff\n/exit\n", capture_output=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    # U+FFFD is not in the char model's vocabulary: that line is refused, the chat goes on
+    assert p.stderr.decode() == "attnlab chat: 1 character(s) not in the vocabulary: '\ufffd'\n"

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a UTF-8 character to
+
+
+def check_sampling_args(args: Any) -> None:
+    """The sampling options of sample and chat, refused before the model is loaded."""
+    from attnlab.errors import ConfigError
+    from attnlab.model.generation import check_sampling
+
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    if getattr(args, "num_samples", 1) < 1:
+        raise ConfigError(f"num_samples={args.num_samples} must be >= 1")
+
+
+@contextlib.contextmanager
+def quiet_broken_pipe() -> Iterator[None]:
+    """End quietly when the reader of stdout goes away (``attnlab sample | head``)."""
+    try:
+        yield
+    except BrokenPipeError:
+        # stdout to /dev/null: the interpreter's last flush would otherwise fail and complain
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def compile_announced(model: Any) -> Any:

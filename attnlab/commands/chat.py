@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import sys
+from typing import Any
 
 HELP = "type a message; /help lists the commands"
 COMMANDS = {
@@ -41,15 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from attnlab import from_pretrained
-    from attnlab.commands._common import compile_announced, echo_tokens
-    from attnlab.data.chat import IM_END, IM_START, fit_history
+    from attnlab.commands._common import check_sampling_args, compile_announced, quiet_broken_pipe
+    from attnlab.data.chat import IM_END, IM_START
     from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
-    from attnlab.model.generation import stream
 
+    check_sampling_args(args)
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)
     if args.compile:
@@ -59,6 +58,23 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError(
             f"{args.model} has no ChatML tokens; fine-tune it first (attnlab sft --chat)"
         )
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD, not a crash
+        sys.stdin.reconfigure(errors="replace")
+    with quiet_broken_pipe():
+        converse(args, model, tok, stops)
+    return 0
+
+
+def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) -> None:
+    """The read-reply loop: Ctrl-C stops a reply and returns to the prompt; at the prompt, quits."""
+    import torch
+
+    from attnlab.commands._common import echo_tokens
+    from attnlab.data.chat import IM_END, fit_history
+    from attnlab.errors import AttnlabError
+    from attnlab.model.generation import stream
+
+    device = next(model.parameters()).device
     block = model.config.block_size
     max_new = max(1, min(args.max_new_tokens, block // 2))  # keep half the window for the history
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -71,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     while True:
         try:
             line = input("you> " if interactive else "").strip()
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
+            print(flush=True)
             break
         if line == "/exit":
             break
@@ -102,10 +119,13 @@ def run(args: argparse.Namespace) -> int:
             eos_token_id=tok.token_to_id(IM_END),
             generator=gen,
         )
-        reply = echo_tokens(tok, [], (int(t) for t in tokens), stops)
+        try:
+            reply = echo_tokens(tok, [], (int(t) for t in tokens), stops)
+        except KeyboardInterrupt:  # this reply stops; the conversation goes on without it
+            print("\n(stopped)", flush=True)
+            continue
         print(flush=True)
         history += [user, {"role": "assistant", "content": reply}]
-    return 0
 
 
 def command_help(line: str) -> str:

@@ -62,11 +62,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab import from_pretrained
-    from attnlab.commands._common import compile_announced, echo_tokens
+    from attnlab.commands._common import (
+        check_sampling_args,
+        compile_announced,
+        echo_tokens,
+        quiet_broken_pipe,
+    )
     from attnlab.device import resolve_device
     from attnlab.errors import AttnlabError
     from attnlab.model.generation import stream
 
+    check_sampling_args(args)
     if args.backend == "onnxruntime":
         from attnlab.export import load_onnx
 
@@ -100,20 +106,21 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError("the prompt encodes to no tokens")
     gen = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    for i in range(args.num_samples):
-        if i:
-            print("-" * 40)
-        print(tokenizer.decode(ids), end="", flush=True)
-        tokens = stream(
-            model,
-            idx,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            use_cache=not args.no_cache and args.backend == "torch",
-            generator=gen,
-        )
-        echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop=set())
-        print()
+    with quiet_broken_pipe():
+        for i in range(args.num_samples):
+            if i:
+                print("-" * 40)
+            print(tokenizer.decode(ids), end="", flush=True)
+            tokens = stream(
+                model,
+                idx,
+                args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                use_cache=not args.no_cache and args.backend == "torch",
+                generator=gen,
+            )
+            echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop=set())
+            print()
     return 0

@@ -8,12 +8,46 @@ shift every step, so from then on each step recomputes the cropped window (as na
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 
 import torch
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.model.attention import KVCache
+
+
+def check_sampling(
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> None:
+    """Refuse sampling settings that would otherwise quietly mean something else."""
+    problems = [
+        (
+            not isinstance(max_new_tokens, int) or max_new_tokens < 0,
+            f"max_new_tokens={max_new_tokens!r} must be an integer >= 0",
+        ),
+        (
+            not isinstance(temperature, int | float)
+            or not math.isfinite(temperature)
+            or temperature < 0,
+            f"temperature={temperature!r} must be a finite number >= 0 (0 is greedy)",
+        ),
+        (
+            top_k is not None and (not isinstance(top_k, int) or top_k < 1),
+            f"top_k={top_k!r} must be an integer >= 1",
+        ),
+        (
+            top_p is not None
+            and (not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0),  # NaN too
+            f"top_p={top_p!r} must be in (0, 1]",
+        ),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
 
 
 def filter_logits(
@@ -60,6 +94,7 @@ def stream(
     generator: torch.Generator | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column [B, 1]; stops early once every row has produced EOS."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     block_size = model.config.block_size
     idx = idx.clone()  # an inference tensor like every later input (one compiled graph for both)
     cache: KVCache | None = None
@@ -117,6 +152,9 @@ def generate(
     **kwargs,
 ) -> torch.Tensor:
     """The prompt followed by up to max_new_tokens sampled tokens (see ``stream`` for options)."""
+    check_sampling(
+        max_new_tokens, kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
+    )
     was_training = model.training
     model.eval()
     try:
