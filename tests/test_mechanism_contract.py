@@ -70,9 +70,9 @@ def check_config_round_trip(name: str) -> None:
     assert mechanisms.enabled(again) == expected_enabled(name)
 
 
-def check_cached_decoding(name: str) -> None:
-    """Prefill, one step and a chunk through the KV cache give the full forward's logits."""
-    model = build(tiny_model(**example(name)))
+def assert_cache_exact(model: GPT) -> None:
+    """Greedy decoding with and without the KV cache agree, and prefill, one step and a chunk
+    through the cache give the full forward's logits."""
     prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(1))
     cached = model.generate(prompt, 20, temperature=0.0, use_cache=True)
     full = model.generate(prompt, 20, temperature=0.0, use_cache=False)
@@ -86,6 +86,10 @@ def check_cached_decoding(name: str) -> None:
     torch.testing.assert_close(
         torch.cat(steps, dim=1), model(full[:, :16], all_logits=True)[0], rtol=1e-5, atol=1e-5
     )
+
+
+def check_cached_decoding(name: str) -> None:
+    assert_cache_exact(build(tiny_model(**example(name))))
 
 
 def check_zero_gate(name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
+from test_mechanism_contract import assert_cache_exact
 
 from attnlab import GPT
 from attnlab.errors import AttnlabError
@@ -56,21 +57,7 @@ def test_optimizer_groups_decay_matrices_only() -> None:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_cached_decoding_equals_full_recompute(name: str) -> None:
-    model = build(**CONFIGS[name])
-    prompt = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(prompt, 20, temperature=0.0, use_cache=True)
-    full = model.generate(prompt, 20, temperature=0.0, use_cache=False)
-    assert torch.equal(cached, full)
-    # logits too: prefill, one step and a chunk of steps against one full forward
-    cache = model.new_cache()
-    parts = [
-        model(full[:, :9], cache=cache, all_logits=True)[0],
-        model(full[:, 9:10], cache=cache)[0],
-        model(full[:, 10:16], cache=cache, all_logits=True)[0],
-    ]
-    torch.testing.assert_close(
-        torch.cat(parts, dim=1), model(full[:, :16], all_logits=True)[0], rtol=1e-5, atol=1e-5
-    )
+    assert_cache_exact(build(**CONFIGS[name]))
 
 
 def test_hook_tables_are_fixed_dicts() -> None:

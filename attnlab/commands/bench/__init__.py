@@ -22,6 +22,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
 
 
+def add_timing_args(
+    p: argparse.ArgumentParser, reps: int, reps_help: str, compile_help: str, quick_help: str
+) -> None:
+    """--reps, --warmup, --device, --compile and --quick: what every timed benchmark takes."""
+    p.add_argument("--reps", type=int, default=reps, help=reps_help)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help=compile_help)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+
+
 def figure_path(out: str | None, name: str, quick: bool) -> str:
     """--out, else runs/bench/NAME.png; a --quick smoke test writes NAME-quick.png instead, so
     that it never replaces a measured figure."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.commands.bench import figure_path, out_help
+from attnlab.commands.bench import add_timing_args, figure_path, out_help
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
 
@@ -20,17 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset", default="shakespeare-char", help="model of this preset (block widened to fit)"
     )
     p.add_argument("--tokens", type=int, default=256, help="tokens to generate")
-    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile each model first (both modes)"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} tokens, "
-        f"{QUICK['reps']} repetition: a smoke test, not a measurement",
+    add_timing_args(
+        p,
+        reps=3,
+        reps_help="interleaved repetitions",
+        compile_help="torch.compile each model first (both modes)",
+        quick_help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} "
+        f"tokens, {QUICK['reps']} repetition: a smoke test, not a measurement",
     )
     p.add_argument("--out", help=out_help("generate"))
     p.set_defaults(func=run)

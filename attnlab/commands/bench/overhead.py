@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.commands.bench import figure_path, out_help
+from attnlab.commands.bench import add_timing_args, figure_path, out_help
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
 
@@ -23,16 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block", type=int, default=256)
-    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions per width")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile every model (during warm-up)"
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"widths {', '.join(map(str, QUICK['widths']))}, {QUICK['layers']} layer, "
+    add_timing_args(
+        p,
+        reps=5,
+        reps_help="interleaved repetitions per width",
+        compile_help="torch.compile every model (during warm-up)",
+        quick_help=f"widths {', '.join(map(str, QUICK['widths']))}, {QUICK['layers']} layer, "
         f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement",
     )
     p.add_argument("--out", help=out_help("overhead"))
