@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.plotting import pyplot, save_figure
+from attnlab.rundir import RunDir
 from attnlab.studies.spec import StudySpec
 
 FIGURES = "figures"
@@ -112,7 +113,7 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float
     """Mean val loss over seeds at each evaluated iteration that every finished seed logged."""
     per_variant: dict[str, list[dict[int, float]]] = {}
     for r in runs:
-        path = Path(r["run_dir"]) / "metrics.csv"
+        path = RunDir(r["run_dir"]).metrics
         if r["status"] != "ok" or not path.is_file():
             continue
         with path.open() as f:

@@ -30,7 +30,7 @@ from attnlab.bench import overhead
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import finished_summary
+from attnlab.rundir import RunDir, finished_summary
 from attnlab.studies.report import write_report
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
@@ -126,7 +126,7 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
             return {**row, **_summary_fields(summary), "status": "ok", "skipped": True}
         if threads is not None:
             torch.set_num_threads(threads)
-        if ckpt.checkpoint_dir(run_dir / "latest") is not None:
+        if ckpt.checkpoint_dir(RunDir(run_dir).latest) is not None:
             trainer = Trainer.resume(run_dir, quiet=True)
         else:
             trainer = _new_trainer(job, run_dir)
