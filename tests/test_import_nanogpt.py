@@ -14,9 +14,9 @@ from conftest import tiny_model
 
 from attnlab import from_pretrained
 from attnlab.cli import main as cli_main
-from attnlab.commands.import_nanogpt import import_nanogpt, nanogpt_weights, read_meta
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
+from attnlab.train.nanogpt import import_nanogpt, nanogpt_weights, read_meta
 
 CHARS = sorted(set("First Citizen:\nBefore we proceed any further, hear me speak.\n!?;'-&$3"))
 
