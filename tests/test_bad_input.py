@@ -441,3 +441,66 @@ def test_chat_reads_invalid_utf8_with_replacement_characters(tmp_path: Path):
     assert p.returncode == 0, p.stderr
     # U+FFFD is not in the char model's vocabulary: that line is refused, the chat goes on
     assert p.stderr.decode() == "attnlab chat: 1 character(s) not in the vocabulary: '\ufffd'\n"
+
+
+@pytest.fixture
+def other_data(tmp_path: Path) -> Path:
+    """A char data folder whose characters (and so ids) differ from the tiny data's."""
+    from attnlab.data.prepare import prepare
+
+    (tmp_path / "other.txt").write_text("xyz \u00e9\u00e8\n" * 400)
+    return prepare(sources=[str(tmp_path / "other.txt")], out=tmp_path / "other")
+
+
+@pytest.fixture
+def wide_data(tmp_path: Path) -> Path:
+    """A char data folder of 301 distinct characters: more than the tiny model's vocabulary."""
+    from attnlab.data.prepare import prepare
+
+    (tmp_path / "wide.txt").write_text(("".join(chr(0x100 + i) for i in range(300)) + "\n") * 20)
+    return prepare(sources=[str(tmp_path / "wide.txt")], out=tmp_path / "wide")
+
+
+FIX = "pass the data the model was trained on with --data"
+
+
+@pytest.mark.parametrize("command", [["eval"], ["analyze", "gates"]])
+def test_model_and_data_must_share_a_tokenizer(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    other_data: Path,
+    wide_data: Path,
+    command,
+):
+    name = command[0]
+    p = attnlab(*command, str(model_dir), "--device", "cpu")
+    assert error_line(p, name) == (
+        f"{model_dir} is not a run folder, so its data is unknown: pass --data"
+    )
+    p = attnlab(*command, str(model_dir), "--data", str(other_data), "--device", "cpu")
+    message = error_line(p, name)
+    assert message.startswith(f"{model_dir} has another tokenizer than {other_data} (")
+    assert message.endswith(f"); {FIX}")
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    p = attnlab(*command, str(model_dir), "--data", str(wide_data), "--device", "cpu")
+    assert error_line(p, name) == (
+        f"{wide_data} has 301 tokens, more than the vocab_size={vocab} of {model_dir}; {FIX}"
+    )
+
+
+def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_data, tmp_path):
+    from test_folder_safety import snapshot
+
+    run = tmp_path / "run"
+    train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
+    before = snapshot(run)
+    own = json.loads((run / "config.json").read_text())["data"]
+    p = attnlab("train", "--resume", str(run), "--data", str(other_data))
+    assert error_line(p, "train") == (
+        f"{run} was trained on {own}, not --data {other_data}; a resumed run keeps its own data"
+    )
+    p = attnlab("train", "--resume", str(run), "--preset", "qkve-small", "--config", "x.toml")
+    assert error_line(p, "train") == (
+        "--preset, --config: a resumed run keeps its own; leave them out"
+    )
+    assert snapshot(run) == before

@@ -53,12 +53,11 @@ def validation_windows(
 def load_inputs(run: str, data: str | None, sequences: int, device: str = "cpu") -> Inputs:
     """A run (or model folder) and ``sequences`` windows of its validation split (or ``data``'s)."""
     model, tokenizer = load_pretrained(run, device=device)
-    dataset = load_dataset(data or run_data_dir(run))
-    if int(dataset.meta["vocab_size"]) > model.config.vocab_size:
-        raise AttnlabError(
-            f"data vocabulary ({dataset.meta['vocab_size']}) exceeds the model's "
-            f"({model.config.vocab_size}); pass the run's own --data"
-        )
+    data_dir = data or run_data_dir(run)
+    if data_dir is None:
+        raise AttnlabError(f"{run} is not a run folder, so its data is unknown: pass --data")
+    dataset = load_dataset(data_dir)
+    dataset.check_model(run, model.config.vocab_size, tokenizer)
     x, y = validation_windows(dataset.val, model.config.block_size, sequences)
     return Inputs(model, tokenizer or dataset.tokenizer, x.to(device), y.to(device), str(run))
 

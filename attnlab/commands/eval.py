@@ -22,10 +22,15 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis.loss import split_loss
     from attnlab.data.prepare import load_dataset
     from attnlab.device import resolve_device
+    from attnlab.errors import AttnlabError
     from attnlab.rundir import run_data_dir
 
-    model, _ = from_pretrained(args.model, device=resolve_device(args.device))
-    data = load_dataset(args.data or run_data_dir(args.model))
+    model, tokenizer = from_pretrained(args.model, device=resolve_device(args.device))
+    data_dir = args.data or run_data_dir(args.model)
+    if data_dir is None:
+        raise AttnlabError(f"{args.model} is not a run folder, so its data is unknown: pass --data")
+    data = load_dataset(data_dir)
+    data.check_model(args.model, model.config.vocab_size, tokenizer)
     result = split_loss(model, getattr(data, args.split), args.batch_size)
     print(json.dumps({"split": args.split, **result}, indent=2))
     return 0

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         model_over, train_over = split_overrides(args.overrides)
         if model_over:
             raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
+        check_resume_flags(args)
         trainer = Trainer.resume(args.resume, train_over)
         name = f"{args.resume} (resumed)"
     else:
@@ -82,6 +83,24 @@ def run(args: argparse.Namespace) -> int:
             return status
         trainer, name = new_trainer(out, spec), spec.preset
     return run_to_end(trainer, name)
+
+
+def check_resume_flags(args: argparse.Namespace) -> None:
+    """A resumed run keeps its model, recipe and data: refuse flags that would say otherwise."""
+    from attnlab.errors import AttnlabError
+    from attnlab.rundir import run_data_dir
+
+    flags = [f for f, value in (("--preset", args.preset), ("--config", args.config)) if value]
+    if args.out:
+        flags.append("--out")
+    if flags:
+        raise AttnlabError(f"{', '.join(flags)}: a resumed run keeps its own; leave them out")
+    own = run_data_dir(args.resume)
+    if args.data and own and Path(args.data).expanduser().resolve() != Path(own).resolve():
+        raise AttnlabError(
+            f"{args.resume} was trained on {own}, not --data {args.data}; a resumed run keeps "
+            "its own data"
+        )
 
 
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:

@@ -159,6 +159,29 @@ class Dataset:
     train: np.ndarray
     val: np.ndarray
 
+    def check_model(self, model: str | Path, vocab_size: int, tokenizer: Tokenizer | None) -> None:
+        """Refuse a model that would read this data's token ids as other tokens.
+
+        Every token of the data must have the same id in the model's tokenizer (which may add
+        more, e.g. SFT's ChatML tokens); without a tokenizer, the ids must at least fit.
+        """
+        fix = "pass the data the model was trained on with --data"
+        if int(self.meta["vocab_size"]) > vocab_size:
+            raise AttnlabError(
+                f"{self.dir} has {self.meta['vocab_size']:,} tokens, more than the vocab_size="
+                f"{vocab_size:,} of {model}; {fix}"
+            )
+        if tokenizer is None:
+            return
+        theirs = tokenizer.hf.get_vocab()
+        ours = self.tokenizer.hf.get_vocab()
+        differ = sorted(t for t, i in ours.items() if theirs.get(t) != i)
+        if differ:
+            raise AttnlabError(
+                f"{model} has another tokenizer than {self.dir} ({len(differ):,} of its "
+                f"{len(ours):,} tokens differ, e.g. {differ[0]!r}); {fix}"
+            )
+
 
 def _read_meta(path: Path) -> dict:
     try:
