@@ -9,12 +9,13 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from attnlab.errors import ConfigError
+
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a UTF-8 character to
 
 
 def check_sampling_args(args: Any) -> None:
     """The sampling options of sample and chat, refused before the model is loaded."""
-    from attnlab.errors import ConfigError
     from attnlab.model.generation import check_sampling
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)

@@ -8,6 +8,8 @@ import importlib
 import sys
 from typing import Any
 
+from attnlab.errors import AttnlabError
+
 HELP = "type a message; /help lists the commands"
 COMMANDS = {
     "/help": "list these commands",
@@ -46,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.commands._common import check_sampling_args, compile_announced, quiet_broken_pipe
     from attnlab.data.chat import IM_END, IM_START
     from attnlab.device import resolve_device
-    from attnlab.errors import AttnlabError
 
     check_sampling_args(args)
     device = resolve_device(args.device)
@@ -71,7 +72,6 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
 
     from attnlab.commands._common import echo_tokens
     from attnlab.data.chat import IM_END, fit_history
-    from attnlab.errors import AttnlabError
     from attnlab.model.generation import stream
 
     device = next(model.parameters()).device

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from attnlab.fsutil import replace_folder
 
 if TYPE_CHECKING:
     from attnlab.train.spec import RunSpec
@@ -49,9 +52,6 @@ def is_demo_run(folder: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
-    from attnlab.fsutil import replace_folder
     from attnlab.train.spec import resolve
 
     out = Path(args.out).expanduser()
@@ -68,8 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
 def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) -> None:
     """Train the demo model in ``run_dir``, printing what the README promises."""
-    import time
-
     import torch
 
     from attnlab.train.trainer import Trainer

@@ -7,6 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnlab.config import ModelConfig, split_overrides
+from attnlab.errors import AttnlabError
+
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
 _BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
 
@@ -57,8 +60,6 @@ def parameter_counts(model: Any) -> dict[str, int]:
 
 def load_config(target: str, overrides: list[str]):
     """The ModelConfig of a run/model folder, else of a preset, with model overrides."""
-    from attnlab.config import ModelConfig, split_overrides
-    from attnlab.errors import AttnlabError
     from attnlab.train.checkpoint import model_folder, read_model_config
 
     model_over, train_over = split_overrides(overrides)

@@ -7,6 +7,10 @@ import dataclasses
 import json
 from typing import Any
 
+from attnlab.config import CHOICES, ModelConfig, TrainConfig
+from attnlab.field_help import MODEL_HELP, TRAIN_HELP
+from attnlab.presets import PRESETS, get_preset
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -31,9 +35,6 @@ def spell(value: Any) -> str:
 
 def field_table() -> list[str]:
     """Lines of `--fields`: name, type, default and meaning of every field, model then train."""
-    from attnlab.config import ModelConfig, TrainConfig
-    from attnlab.field_help import MODEL_HELP, TRAIN_HELP
-
     lines = []
     for title, cls, helps in (
         ("model fields (ModelConfig)", ModelConfig, MODEL_HELP),
@@ -52,15 +53,11 @@ def field_table() -> list[str]:
 
 
 def _choices(name: str) -> str:
-    from attnlab.config import CHOICES
-
     return " | ".join(map(spell, CHOICES[name])) if name in CHOICES else ""
 
 
 def preset_lines(name: str) -> list[str]:
     """A preset's description, then its model, train and data settings as key=value."""
-    from attnlab.presets import get_preset
-
     preset = get_preset(name)
     data = " ".join(f"{k}={spell(v)}" for k, v in preset.data.items())
     lines = [f"{name}: {preset.description}"]
@@ -71,8 +68,6 @@ def preset_lines(name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.presets import PRESETS
-
     if args.fields:
         print("\n".join(field_table()))
         return 0

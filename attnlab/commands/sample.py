@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,10 +49,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def read_prompt(args: argparse.Namespace) -> str:
     """--prompt, or the text of --prompt-file."""
-    from pathlib import Path
-
-    from attnlab.errors import AttnlabError
-
     if args.prompt_file is None:
         return args.prompt
     try:
@@ -69,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
         quiet_broken_pipe,
     )
     from attnlab.device import resolve_device
-    from attnlab.errors import AttnlabError
     from attnlab.model.generation import stream
 
     check_sampling_args(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.errors import AttnlabError
+
 
 class _IntermixedParser(argparse.ArgumentParser):
     """Lets positionals follow options (`sft RUN --out RUN2 key=value`); argparse's default
@@ -54,7 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.commands.train import run_to_end
-    from attnlab.errors import AttnlabError
     from attnlab.train import sft
 
     sources = [a for a in args.args if "=" not in a]

@@ -6,6 +6,8 @@ import argparse
 import shlex
 import sys
 
+from attnlab.errors import AttnlabError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -39,7 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.errors import AttnlabError
     from attnlab.studies.spec import list_studies, load_spec
 
     if args.list:
