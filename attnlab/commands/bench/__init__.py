@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from attnlab.cli import register_all
 
@@ -16,10 +17,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmarks that print ratios measured side by side"
     )
-    register_all(
-        parser.add_subparsers(dest="benchmark", required=True, metavar="BENCH"),
-        sys.modules[__name__],
-    )
+    benchmarks = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCH")
+    register_all(benchmarks, sys.modules[__name__])
+    for benchmark in benchmarks.choices.values():
+        benchmark.set_defaults(func=checking_device(benchmark.get_default("func")))
+
+
+def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
+    """``func`` with its --device checked first (one line naming the valid choices)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from attnlab.device import resolve_device
+
+        if getattr(args, "device", None) is not None:
+            args.device = str(resolve_device(args.device))
+        return func(args)
+
+    return run
 
 
 def add_timing_args(
