@@ -504,3 +504,35 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
         "--preset, --config: a resumed run keeps its own; leave them out"
     )
     assert snapshot(run) == before
+
+
+def test_a_preset_trained_on_other_data_takes_the_data_vocabulary(
+    attnlab, tiny_data: Path, tmp_path: Path
+):
+    small = ["n_layer=1", "n_head=4", "n_embd=32", "block_size=32", "batch_size=2",
+             "eval_iters=1", "max_iters=1", "device=cpu", "tensorboard=false"]  # fmt: skip
+    run = tmp_path / "run"
+    p = attnlab("train", "--preset", "gba-lm-boosted", "--data", str(tiny_data), "--out", str(run),
+                *small)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    vocab = json.loads((tiny_data / "meta.json").read_text())["vocab_size"]
+    assert json.loads((run / "config.json").read_text())["model"]["vocab_size"] == vocab
+    assert (
+        f"vocab_size {vocab:,}: the data's (gba-lm-boosted's 16,384 is for its own data; "
+        "set vocab_size= to keep it)"
+    ) in p.stderr.splitlines()
+
+
+def test_info_of_a_char_preset_describes_what_train_builds(attnlab, tmp_path: Path):
+    from attnlab.config import ModelConfig
+    from attnlab.data.prepare import prepare
+    from attnlab.model import GPT
+
+    data = prepare(out=tmp_path / "embedded")  # what `train --preset qkve-small` trains on
+    vocab = json.loads((data / "meta.json").read_text())["vocab_size"]
+    p = attnlab("info", "qkve-small")
+    assert p.returncode == 0, p.stderr
+    assert f"  vocab_size         {vocab}" in p.stdout.splitlines()
+    params = GPT(ModelConfig.preset("qkve-small", vocab_size=vocab)).get_num_params(False)
+    assert any(line.split()[-1] == f"{params:,}" for line in p.stdout.splitlines()
+               if line.strip().startswith("total"))  # fmt: skip

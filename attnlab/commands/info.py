@@ -9,6 +9,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig, split_overrides
 from attnlab.errors import AttnlabError
+from attnlab.presets import get_preset
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
 _BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
@@ -67,6 +68,11 @@ def load_config(target: str, overrides: list[str]):
         raise AttnlabError(f"info takes model fields only, not {', '.join(train_over)}")
     if Path(target).expanduser().exists() or "/" in target:  # a path, even a mistyped one
         return read_model_config(model_folder(target)).replace(**model_over)
+    if "vocab_size" not in get_preset(target).model and "vocab_size" not in model_over:
+        from attnlab.data.prepare import embedded_char_vocab_size
+
+        # what `train --preset` builds: the vocabulary of the data it trains on by default
+        model_over["vocab_size"] = embedded_char_vocab_size()
     return ModelConfig.preset(target, **model_over)
 
 

@@ -104,11 +104,21 @@ def check_resume_flags(args: argparse.Namespace) -> None:
 
 
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
+    from attnlab.presets import get_preset
     from attnlab.train.trainer import Trainer
 
-    return Trainer.start(
+    trainer = Trainer.start(
         run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
+    preset_vocab = get_preset(spec.preset).model.get("vocab_size")
+    vocab = trainer.model_config.vocab_size
+    if preset_vocab is not None and vocab != preset_vocab and trainer.dist.is_main:
+        print(
+            f"vocab_size {vocab:,}: the data's ({spec.preset}'s {preset_vocab:,} is for its own "
+            "data; set vocab_size= to keep it)",
+            file=sys.stderr,
+        )
+    return trainer
 
 
 def run_to_end(trainer: Trainer, model_name: str) -> int:

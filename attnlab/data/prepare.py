@@ -60,6 +60,15 @@ def default_data_dir(tokenizer: str = "char", vocab_size: int | None = None) -> 
     return attnlab_home() / "data" / name
 
 
+def embedded_char_vocab_size() -> int:
+    """The vocabulary of the embedded corpus as a char data folder (what char presets train on)."""
+    meta = default_data_dir() / META_FILE
+    if meta.is_file():
+        return int(_read_meta(meta)["vocab_size"])
+    corpus = load_corpus()  # not prepared yet: count the characters prepare would find
+    return Tokenizer.train_char(corpus.train_text + corpus.val_text).vocab_size
+
+
 def is_data_folder(folder: Path) -> bool:
     """True for a folder ``prepare`` wrote (it has a meta.json), which it may replace."""
     return (folder / META_FILE).is_file()

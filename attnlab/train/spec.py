@@ -75,7 +75,8 @@ def resolve(
     model_over, train_over = split_overrides(pairs + list(overrides or []))
     model = ModelConfig.from_dict({**p.model, **model_over})
     train = TrainConfig.from_dict({**p.train, **train_over})
-    vocab_from_data = "vocab_size" not in p.model and "vocab_size" not in model_over
+    # a preset's vocab_size is its own data's: other data (--data, a file's data) brings its own
+    vocab_from_data = "vocab_size" not in model_over and ("vocab_size" not in p.model or bool(data))
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
 
