@@ -130,3 +130,21 @@ def test_replace_derives_dependent_fields_again() -> None:
     assert base.replace(norm="rmsnorm").norm_eps == 1e-6
     explicit = ModelConfig(n_embd=128, n_head=4, d_ffn=300, n_kv_head=2)
     assert explicit.replace(n_embd=64).d_ffn == 300 and explicit.replace(n_layer=2).n_kv_head == 2
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "warmup", "decay"),
+    [
+        ("shakespeare-char", [], 100, 3000),  # the preset's own schedule
+        ("shakespeare-char", ["max_iters=300"], 10, 300),  # a tenth of the run: a tenth of each
+        ("shakespeare-char", ["max_iters=6000"], 200, 6000),
+        ("gba-lm-boosted", ["max_iters=2000"], 150, None),  # decay None follows max_iters anyway
+        ("shakespeare-char", ["max_iters=300", "warmup_iters=7"], 7, 300),  # set fields stay
+        ("shakespeare-char", ["max_iters=300", "lr_decay_iters=3000"], 10, 3000),
+    ],
+)
+def test_a_presets_schedule_scales_with_max_iters(preset, overrides, warmup, decay) -> None:
+    from attnlab.train.spec import resolve
+
+    train = resolve(preset, overrides=overrides, data="data").train
+    assert (train.warmup_iters, train.lr_decay_iters) == (warmup, decay)

@@ -26,6 +26,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import write_json
 from attnlab.rundir import SFT_FILE, RunDir
 from attnlab.train import checkpoint as ckpt
+from attnlab.train.spec import with_scaled_schedule
 from attnlab.train.trainer import Trainer
 
 VAL_EVERY = 20  # every 20th record is held out for validation
@@ -35,6 +36,7 @@ DEFAULTS: dict[str, Any] = dict(
     learning_rate=1e-4,
     min_lr=1e-5,
     warmup_iters=20,
+    lr_decay_iters=None,  # max_iters: not the pretraining run's decay
     eval_interval=100,
     eval_iters=10,
     log_interval=10,
@@ -227,7 +229,7 @@ def start(
     )
     source_train = folder / ckpt.TRAIN_CONFIG
     recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
-    train_config = TrainConfig.from_dict({**recipe, **DEFAULTS, **train_over})
+    train_config = TrainConfig.from_dict(with_scaled_schedule({**recipe, **DEFAULTS}, train_over))
     resolve_device(train_config.device)  # refused before anything is written
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)

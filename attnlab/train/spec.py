@@ -50,6 +50,26 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         ) from None
 
 
+SCHEDULE_FIELDS = ("warmup_iters", "lr_decay_iters")
+
+
+def with_scaled_schedule(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``overrides``, its warmup and decay scaled to a changed max_iters.
+
+    A recipe's schedule is written for its own max_iters: ``max_iters=300`` on a 3000-iteration
+    preset keeps the lr decaying over 300, not 3000, iterations, unless the user sets the
+    schedule fields too.
+    """
+    merged = {**base, **overrides}
+    old, new = base.get("max_iters"), overrides.get("max_iters")
+    if not isinstance(old, int) or not isinstance(new, int) or old <= 0 or new == old:
+        return merged  # bad values are reported by TrainConfig
+    for name in SCHEDULE_FIELDS:
+        if name not in overrides and isinstance(base.get(name), int):
+            merged[name] = max(1 if name == "lr_decay_iters" else 0, round(base[name] * new / old))
+    return merged
+
+
 def as_overrides(table: dict[str, Any]) -> list[str]:
     """TOML values back to `key=value` strings so one router validates every source."""
     return [f"{k}={json.dumps(v)}" for k, v in table.items()]
@@ -74,7 +94,7 @@ def resolve(
     )
     model_over, train_over = split_overrides(pairs + list(overrides or []))
     model = ModelConfig.from_dict({**p.model, **model_over})
-    train = TrainConfig.from_dict({**p.train, **train_over})
+    train = TrainConfig.from_dict(with_scaled_schedule(p.train, train_over))
     # a preset's vocab_size is its own data's: other data (--data, a file's data) brings its own
     vocab_from_data = "vocab_size" not in model_over and ("vocab_size" not in p.model or bool(data))
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
