@@ -1,6 +1,8 @@
 """Ship a model as one Hugging Face-style folder, and run its exported graphs back.
 
 - ``folder``: the folder writer (``export``, ``export_model``) and its formats;
+- ``hf``: what transformers reads (config, remote code, tokenizer, chat template) and
+  ``import_hf`` for the way back;
 - ``torchscript`` and ``onnx``: the traced graphs, and onnxruntime behind attnlab's sampler.
 """
 

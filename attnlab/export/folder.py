@@ -1,11 +1,13 @@
 """The exported model folder: five formats beside the metadata Hugging Face tools read.
 
-``export(source, out)`` writes ``config.json`` (the ModelConfig), ``generation_config.json``,
-``tokenizer.json`` with ``tokenizer_config.json`` and ``special_tokens_map.json``, and the
-weights as ``model.safetensors``, ``pytorch_model.bin`` (a plain state_dict: tensors only, so it
-loads with ``torch.load(weights_only=True)``), ``model.torchscript.pt`` (a traced graph that
-needs no attnlab to load), ``model.onnx`` and ``model-int8.onnx``. The traced and ONNX graphs take
-``input_ids`` (int64 [batch, seq]) and return ``logits`` for every position ([batch, seq, vocab]).
+``export(source, out)`` writes ``config.json`` (transformers' config: GPT-2's or Llama's where
+the model is exactly that, else the ModelConfig with ``model_type="attnlab"`` and the remote
+code beside it; see attnlab.export.hf), ``generation_config.json``, ``tokenizer.json`` with
+``tokenizer_config.json`` and ``special_tokens_map.json``, and the weights as
+``model.safetensors``, ``pytorch_model.bin`` (a plain state_dict: tensors only, so it loads with
+``torch.load(weights_only=True)``), ``model.torchscript.pt`` (a traced ``input_ids -> logits``
+graph that needs no attnlab to load), ``model.onnx`` (with a KV cache, attnlab.export.onnx) and
+``model-int8.onnx``.
 
 The folder is written beside ``out`` and swapped in (attnlab.fsutil), so a failure leaves the
 previous export whole; a non-empty ``out`` that is not an attnlab export needs ``overwrite``.
