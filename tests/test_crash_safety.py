@@ -273,3 +273,20 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tiny_data: Path
     p = run_cli("train", "--resume", str(run), f"max_iters={it + 2}", env=ENV)
     assert p.returncode == 0, p.stderr
     assert saved_iter(run / "latest") == it + 2
+
+
+def test_a_full_disk_while_logging_says_so_and_keeps_the_checkpoint(
+    train_tiny, tmp_path: Path, monkeypatch
+):
+    from attnlab.train.metrics import MetricsLog
+
+    run = tmp_path / "run"
+    trainer, _ = train_tiny(run, until=6, max_iters=12, ckpt_interval=3)
+    monkeypatch.setattr(MetricsLog, "write", _enospc)  # the next row is iter 10's
+    with pytest.raises(AttnlabError) as err:
+        trainer.run()
+    assert str(err.value) == f"no space left on device while writing {run}; nothing was lost"
+    monkeypatch.undo()
+    assert saved_iter(run / "latest") == 9  # written before the failed row, and complete
+    assert leftovers(run) == []
+    ckpt.load_pretrained(run / "latest")

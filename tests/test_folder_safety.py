@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from test_bad_input import attnlab, error_line  # noqa: F401  (attnlab: a fixture)
+from test_untrusted import model_dir  # noqa: F401  (a fixture)
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import replace_folder
@@ -189,3 +190,44 @@ def test_an_out_that_is_a_file_is_refused(attnlab, tiny_data: Path, tmp_path: Pa
     p = attnlab(*args)
     assert error_line(p, command) == f"{out} exists and is not a folder; choose another --out"
     assert out.read_text() == "notes" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_sft_refuses_a_folder_it_did_not_write(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    out = _thesis(tmp_path)
+    before = snapshot(tmp_path)
+    p = attnlab("sft", str(model_dir), "--out", str(out), "max_iters=1", "device=cpu")
+    assert (
+        error_line(p, "sft") == f"{out} is not empty and is not a run folder; choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_prepare_on_a_full_disk_keeps_the_previous_data(
+    attnlab,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch,
+):
+    from attnlab.data import prepare
+
+    (tmp_path / "a.txt").write_text("to be or not to be\n" * 50)
+    out = tmp_path / "data"
+    assert (
+        attnlab("prepare", "--corpus", str(tmp_path / "a.txt"), "--out", str(out)).returncode == 0
+    )
+    before = snapshot(tmp_path)
+    real = prepare.write_tokens
+
+    def fills_up(path, *args, **kwargs):
+        if path.name == "val.bin":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(prepare, "write_tokens", fills_up)
+    p = attnlab(
+        "prepare", "--corpus", str(tmp_path / "a.txt"), "--out", str(out), "--val-fraction", "0.2"
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr  # progress lines, then the error
+    assert p.stderr.splitlines()[-1] == (
+        f"attnlab prepare: error: no space left on device while writing {out}; nothing was lost"
+    )
+    assert snapshot(tmp_path) == before
