@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -231,3 +232,28 @@ def test_prepare_on_a_full_disk_keeps_the_previous_data(
         f"attnlab prepare: error: no space left on device while writing {out}; nothing was lost"
     )
     assert snapshot(tmp_path) == before
+
+
+def test_train_overwrite_swaps_in_a_finished_run_only(
+    attnlab,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+):
+    from test_bad_input import TINY
+
+    run = tmp_path / "run"
+    train = ["train", "--data", str(tiny_data), "--out", str(run), *TINY]
+    assert attnlab(*train).returncode == 0
+    before = snapshot(tmp_path)
+    p = attnlab(*train, "seed=7")
+    assert error_line(p, "train") == (
+        f"{run} already holds a run; use --resume, --overwrite or another --out"
+    )
+    # a new run that fails (block_size beyond the data) leaves the old one whole
+    p = attnlab(*train, "--overwrite", "block_size=100000")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert snapshot(tmp_path) == before
+    p = attnlab(*train, "--overwrite", "seed=7")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((run / "config.json").read_text())["train"]["seed"] == 7
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["run"]

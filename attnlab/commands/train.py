@@ -78,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
             if os.environ.get("WORLD_SIZE", "1") != "1":
                 raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
             with replace_folder(out, "run folder", overwrite=True) as tmp:
-                status = run_to_end(new_trainer(tmp, spec), spec.preset)
+                trainer = new_trainer(tmp, spec)
+                trainer.after_interrupt = (
+                    f"the new run is discarded and {out} is unchanged (--overwrite replaces it "
+                    "only with a finished run)"
+                )
+                status = run_to_end(trainer, spec.preset)
             print(f"replaced {out} with the new run", file=sys.stderr)
             return status
         trainer, name = new_trainer(out, spec), spec.preset

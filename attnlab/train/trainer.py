@@ -148,6 +148,7 @@ class Trainer:
         self.quiet = quiet
         self.lock = self.run_folder.lock()  # one trainer per run folder, taken before any write
         self.stop_requested = False  # set by Ctrl-C: stop after the current step
+        self.after_interrupt: str | None = None  # said instead of the resume command
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
         if vocab_from_data:
@@ -491,8 +492,12 @@ class Trainer:
                     break
                 if self.stop_requested:
                     print(
-                        f"interrupted at iter {st.iter}: saved {self.run_folder.latest}; "
-                        f"continue with: {self.resume_command()}",
+                        f"interrupted at iter {st.iter}: "
+                        + (
+                            self.after_interrupt
+                            or f"saved {self.run_folder.latest}; continue with: "
+                            f"{self.resume_command()}"
+                        ),
                         file=sys.stderr,
                         flush=True,
                     )
