@@ -23,7 +23,7 @@ C = TypeVar("C", bound="_Serialisable")
 CHOICES: dict[str, tuple[Any, ...]] = {
     "norm": ("layernorm", "rmsnorm"),
     "pos": ("learned", "rope"),
-    "mlp": ("gelu", "swiglu"),
+    "mlp": ("gelu", "gelu_tanh", "swiglu"),  # gelu_tanh: GPT-2's tanh approximation
     "norm_placement": ("pre", "post"),
     "m_inject": ("kv", "output_mul", "mlp_input"),
     "value_gate_init": ("normal", "zero"),

@@ -28,9 +28,9 @@ MODELS = {
     **CONFIGS,
     "all": ALL_MECHANISMS,
     "llama": dict(n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),
-    "gpt2-bias": dict(bias=True),
+    "gpt2-tanh": dict(bias=True, mlp="gelu_tanh", tie_embeddings=False),
 }
-NATIVE = {"vanilla": "GPT2LMHeadModel", "gpt2-bias": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+NATIVE = {"vanilla": "GPT2LMHeadModel", "gpt2-tanh": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 PROMPT = [[3, 1, 4, 1, 5]]
 OTHER = [9, 2, 6]  # a shorter prompt, left-padded with 0 beside PROMPT
 NEW_TOKENS = 12

@@ -45,6 +45,11 @@ def hf_model(kind: str, **overrides) -> torch.nn.Module:
     ("kind", "overrides", "safe"),
     [
         ("gpt2", {}, True),
+        (
+            "gpt2",
+            dict(activation_function="gelu_new", tie_word_embeddings=False),
+            True,
+        ),  # GPT-2's own
         ("llama", {}, True),
         ("llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True), False),
     ],
@@ -79,8 +84,8 @@ def test_import_hf_logits_equal(
     [
         ({"model_type": "bert"}, "model_type 'bert'; import-hf reads gpt2 and llama folders"),
         (
-            {"model_type": "gpt2", "vocab_size": 64, "activation_function": "gelu_new"},
-            "activation_function 'gelu_new' is not exact GELU",
+            {"model_type": "gpt2", "vocab_size": 64, "activation_function": "relu"},
+            "activation_function 'relu'; attnlab's GPT-2 backbone has 'gelu', 'gelu_new'",
         ),
         (None, "has no config.json"),
     ],

@@ -2,8 +2,8 @@
 
 A backbone with no mechanism is exactly one of two standard architectures:
 
-- nanoGPT's (LayerNorm, learned positions, exact-GELU MLP, Pre-LN) is ``GPT2LMHeadModel`` with
-  ``activation_function="gelu"``. GPT-2's linear layers are ``Conv1D`` (weights stored
+- nanoGPT's (LayerNorm, learned positions, GELU MLP, Pre-LN) is ``GPT2LMHeadModel`` with
+  ``activation_function="gelu"`` (exact; ``mlp="gelu_tanh"`` is GPT-2's own ``"gelu_new"``). GPT-2's linear layers are ``Conv1D`` (weights stored
   [in, out], the transpose of ``nn.Linear``) and always have biases: a ``bias=False`` model
   gets zero biases, which compute the same function;
 - the modern one (RMSNorm, RoPE, SwiGLU, optional GQA, one FFN sub-layer) is
@@ -26,7 +26,8 @@ from attnlab.errors import AttnlabError
 KINDS = ("gpt2", "llama")
 MECHANISMS_OFF = dict(use_m_gate=False, value_gate=False, boost_rounds=1, twicing=False)
 _GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-_GPT2_ACTIVATIONS = ("gelu",)  # exact GELU; GPT-2's own "gelu_new" is the tanh approximation
+# transformers' activation names -> attnlab's mlp: exact GELU, or GPT-2's tanh approximation
+_GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 _LLAMA_BLOCK = {
     "ln_1.weight": "input_layernorm.weight",
     "ln_2.weight": "post_attention_layernorm.weight",
@@ -42,7 +43,8 @@ def native_kind(config: ModelConfig) -> str | None:
     if config.norm_placement != "pre" or config.ffn_sublayers != 1:
         return None
     parts = (config.norm, config.pos, config.mlp)
-    if parts == ("layernorm", "learned", "gelu") and config.n_kv_head == config.n_head:
+    gelu = config.mlp in ("gelu", "gelu_tanh")
+    if parts[:2] == ("layernorm", "learned") and gelu and config.n_kv_head == config.n_head:
         return "gpt2"
     if parts == ("rmsnorm", "rope", "swiglu"):
         return "llama"
@@ -65,7 +67,7 @@ def config_to_hf(config: ModelConfig, kind: str | None) -> dict[str, Any]:
             "n_layer": config.n_layer,
             "n_head": config.n_head,
             "n_inner": config.d_ffn,
-            "activation_function": "gelu",
+            "activation_function": "gelu" if config.mlp == "gelu" else "gelu_new",
             "layer_norm_epsilon": config.norm_eps,
             "resid_pdrop": config.dropout,
             "embd_pdrop": config.dropout,
@@ -109,8 +111,8 @@ def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelCo
         act = data.get("activation_function", "gelu_new")
         if act not in _GPT2_ACTIVATIONS:
             raise AttnlabError(
-                f"{source}: activation_function {act!r} is not exact GELU; attnlab's GPT-2 "
-                "backbone computes exact GELU (activation_function 'gelu')"
+                f"{source}: activation_function {act!r}; attnlab's GPT-2 backbone has "
+                f"{', '.join(map(repr, _GPT2_ACTIVATIONS))}"
             )
         n_embd = int(data.get("n_embd", 768))
         return ModelConfig(
@@ -121,6 +123,7 @@ def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelCo
             n_embd=n_embd,
             d_ffn=int(_get(data, "n_inner", default=4 * n_embd)),
             norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+            mlp=_GPT2_ACTIVATIONS[act],
             bias=True,
             tie_embeddings=tie,
         )

@@ -46,13 +46,13 @@ def make_norm(config: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """nanoGPT's feed-forward: Linear -> exact GELU -> Linear."""
+    """nanoGPT's feed-forward: Linear -> exact GELU (``gelu_tanh``: GPT-2's approximation) -> Linear."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d_ffn = int(config.d_ffn or 4 * config.n_embd)
         self.c_fc = nn.Linear(config.n_embd, d_ffn, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if config.mlp == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
