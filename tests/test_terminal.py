@@ -398,3 +398,13 @@ def test_prepare_reports_each_stage(tmp_path, capsys) -> None:
     for line, pattern in zip(err, patterns, strict=True):
         assert re.fullmatch(pattern, line), (line, pattern)
     assert abs(int(re.fullmatch(patterns[2], err[2])[1]) - train_kb) <= 1
+
+
+def test_chat_line_editing_turns_readline_on(monkeypatch) -> None:
+    import sys
+
+    from attnlab.commands.chat import line_editing
+
+    monkeypatch.delitem(sys.modules, "readline", raising=False)
+    line_editing()  # what chat does on a terminal: input() then edits lines and keeps history
+    assert "readline" in sys.modules or sys.platform == "win32"
