@@ -182,3 +182,42 @@ def test_meta_pickle_cannot_run_code(tmp_path: Path) -> None:
     (tmp_path / "bad.pkl").write_bytes(pickle.dumps({"vocab_size": 3, "itos": {0: "a", 1: "b"}}))
     with pytest.raises(AttnlabError, match="vocab_size=3 but itos has 2"):
         read_meta(tmp_path / "bad.pkl")
+
+
+ITOS_ERROR = "{path}: expected a dict with 'itos' mapping ids 0..n-1 to characters"
+
+
+@pytest.mark.parametrize(
+    ("meta", "expected"),
+    [
+        ({"itos": {0: "a", "1": "b"}}, ITOS_ERROR),  # keys of two types: not sortable
+        ({"itos": {0: "a", 2: "b"}}, ITOS_ERROR),
+        ({"itos": ["a", "b"]}, ITOS_ERROR),
+        ([1, 2], ITOS_ERROR),
+        ({"itos": {0: "a", 1: "b"}, "stoi": ["a", "b"]}, "{path}: stoi and itos disagree"),
+        ({"itos": {0: "a", 1: "b"}, "stoi": {"a": 1, "b": 0}}, "{path}: stoi and itos disagree"),
+        ({"itos": {0: "a", 1: "bc"}}, "{path}: char vocabulary must be distinct single characters"),
+        ({"itos": {0: "a", 1: 7}}, "{path}: char vocabulary must be distinct single characters"),
+        ({"itos": {0: "a", 1: "a"}}, "{path}: char vocabulary must be distinct single characters"),
+    ],
+)
+def test_odd_meta_pkl_gets_one_line(tmp_path: Path, meta, expected) -> None:
+    path = tmp_path / "meta.pkl"
+    path.write_bytes(pickle.dumps(meta))
+    with pytest.raises(AttnlabError) as err:
+        read_meta(path)
+    assert str(err.value) == expected.format(path=path)
+
+
+@pytest.mark.parametrize(
+    ("model", "odd"),
+    [({"transformer.wte.weight": 3}, "'transformer.wte.weight'"),
+     ({"lm_head.weight": [1.0], 7: torch.zeros(1)}, "'lm_head.weight', 7")],
+)  # fmt: skip
+def test_ckpt_holding_non_tensors_gets_one_line(tmp_path: Path, model, odd) -> None:
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model, "model_args": {"n_layer": 1}}, path)
+    with pytest.raises(AttnlabError) as err:
+        import_nanogpt(path, tmp_path / "out")
+    assert str(err.value) == f"{path}: 'model' must map parameter names to tensors; not: {odd}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
