@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnlab.plotting import pyplot, save_figure
+from attnlab.plotting import legend_outside, pyplot, save_figure
 from attnlab.rundir import RunDir
 from attnlab.studies.spec import StudySpec
 
@@ -109,8 +109,9 @@ def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
     )
 
 
-def _curves(runs: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
-    """Mean val loss over seeds at each evaluated iteration that every finished seed logged."""
+def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant, at each evaluated iteration every finished seed logged: the mean val loss
+    over seeds, its lowest and highest seed, and the number of seeds."""
     per_variant: dict[str, list[dict[int, float]]] = {}
     for r in runs:
         path = RunDir(r["run_dir"]).metrics
@@ -126,37 +127,58 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float
     curves = {}
     for name, seeds in per_variant.items():
         iters = sorted(set.intersection(*(set(s) for s in seeds)))
-        curves[name] = (iters, [sum(s[i] for s in seeds) / len(seeds) for i in iters])
+        curves[name] = {
+            "iters": iters,
+            "mean": [sum(s[i] for s in seeds) / len(seeds) for i in iters],
+            "low": [min(s[i] for s in seeds) for i in iters],
+            "high": [max(s[i] for s in seeds) for i in iters],
+            "seeds": len(seeds),
+        }
     return curves
 
 
+# line styles and markers cycle independently of colours, so coinciding curves stay visible
+_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
 def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
-    """The seed's Figure 1: val loss against iteration, mean over seeds, one line per variant."""
+    """The seed's Figure 1: val loss against iteration per variant, the mean over seeds as a
+    line and the spread between the lowest and highest seed as a band."""
     curves = _curves(runs)
     if not curves:
         return False
-
     plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (name, (iters, losses)) in enumerate(curves.items()):
+    fig, ax = plt.subplots(figsize=(7.5, 5), layout="constrained")
+    for i, (name, c) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
         ax.plot(
-            iters,
-            losses,
-            marker="o",
-            ms=3,
-            color=f"C{i}",
-            label=name,
-            ls=":" if "wallclock" in name else "-",
+            c["iters"],
+            c["mean"],
+            color=colour,
+            ls=_STYLES[i % len(_STYLES)],
+            marker=_MARKERS[i % len(_MARKERS)],
+            ms=4,
+            mfc="none",
+            label=f"{name} (mean of {c['seeds']} seed{'s' if c['seeds'] > 1 else ''})",
         )
+        if c["seeds"] > 1:
+            ax.fill_between(c["iters"], c["low"], c["high"], color=colour, alpha=0.15, lw=0)
     # the first eval (iter 0) is near log(vocab) and would flatten everything after it
-    later = [v for its, ls in curves.values() for i, v in zip(its, ls, strict=True) if i > 0]
+    later = [
+        v for c in curves.values() for i, v in zip(c["iters"], c["high"], strict=True) if i > 0
+    ]
+    later += [v for c in curves.values() for i, v in zip(c["iters"], c["low"], strict=True) if i]
     if later:
         lo, hi = min(later), max(later)
         ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-    ax.set(xlabel="iteration", ylabel="val loss (mean over seeds)", title=title)
+    ax.set(
+        xlabel="iteration",
+        ylabel="validation loss (nats per token)",
+        title=f"{title}\nline: mean over seeds; band: lowest to highest seed",
+    )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(fig, [ax], ncol=2)
     save_figure(fig, path)
     return True
 
@@ -261,6 +283,8 @@ def _analysis_sections(analyses: dict[str, Any]) -> list[str]:
                         for r in a["top"]
                     ],
                 ),
+                f"![loss difference by region, column and distance from a header]({a['figure']})",
+                "",
             ]
         elif name == "names":
             lines += [
@@ -279,6 +303,8 @@ def _analysis_sections(analyses: dict[str, Any]) -> list[str]:
                         for run, s in zip(a["runs"], a["scores"], strict=True)
                     ],
                 ),
+                f"![speaker headers in generated samples]({a['figure']})",
+                "",
             ]
         elif name == "gates":
             lines += [

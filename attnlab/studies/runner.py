@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from attnlab.analysis import entropy, gates, per_position
+from attnlab.analysis import entropy, gates, names, per_position
 from attnlab.analysis.inputs import load_baseline, load_inputs
-from attnlab.analysis.names import name_test
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench import overhead
 from attnlab.data.prepare import load_dataset
@@ -419,23 +418,32 @@ def run_analyses(
 
 def _per_position(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
     cmp = per_position.compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
+    groups = per_position.groupings(cmp)
+    figure = out / "figures" / "per_position.png"
+    per_position.plot(groups, figure, _run_label(runs[0]), _run_label(runs[1]))
     return {
-        "by_region": per_position.groupings(cmp)["by_region"],
+        "figure": "figures/per_position.png",
+        "by_region": groups["by_region"],
         "top": per_position.top_positions(cmp, 10),
     }
 
 
 def _names(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
-    report = name_test(
+    report = names.name_test(
         runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
     )
-    return {"cast_size": report["cast_size"], "scores": list(report["runs"].values())}
+    names.plot(report, out / "figures" / "names.png")
+    return {
+        "figure": "figures/names.png",
+        "cast_size": report["cast_size"],
+        "scores": list(report["runs"].values()),
+    }
 
 
 def _gates(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any]:
     inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
     means = gates.gate_means(inputs.model, inputs.x)
-    gates.plot(means, out / "figures" / "gates.png")
+    gates.plot(means, out / "figures" / "gates.png", _run_label(runs[0]))
     return {
         "figure": "figures/gates.png",
         "layers": [
@@ -450,11 +458,19 @@ def _entropy(runs: list[str], sizes: dict[str, Any], out: Path) -> dict[str, Any
     sources = {"standard": entropy.entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
     for m, ent in enumerate(entropy.entropies(inputs.model, inputs.x)):
         sources[f"round{m}"] = ent
-    entropy.plot(sources, out / "figures" / "entropy.png")
+    entropy.plot(
+        sources, out / "figures" / "entropy.png", f"{_run_label(runs[1])} vs {_run_label(runs[0])}"
+    )
     return {
         "figure": "figures/entropy.png",
         "rows": [r for r in entropy.summary_rows(sources) if r["layer"] == "all"],
     }
+
+
+def _run_label(run_dir: str) -> str:
+    """``OUT/runs/<variant>/seed<s>`` as "<variant> seed <s>" for figure titles."""
+    path = Path(run_dir)
+    return f"{path.parent.name} seed {path.name.removeprefix('seed')}"
 
 
 _ANALYSES = {"per_position": _per_position, "names": _names, "gates": _gates, "entropy": _entropy}
