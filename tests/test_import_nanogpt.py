@@ -221,3 +221,16 @@ def test_ckpt_holding_non_tensors_gets_one_line(tmp_path: Path, model, odd) -> N
         import_nanogpt(path, tmp_path / "out")
     assert str(err.value) == f"{path}: 'model' must map parameter names to tensors; not: {odd}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [(lambda d: d / "missing.pt", "{path} does not exist"),
+     (lambda d: d, "{path} is a folder, not a weights file")],
+)  # fmt: skip
+def test_a_ckpt_path_that_is_no_file_gets_one_line(tmp_path: Path, make, expected) -> None:
+    path = make(tmp_path)
+    with pytest.raises(AttnlabError) as err:
+        import_nanogpt(path, tmp_path / "out")
+    assert str(err.value) == expected.format(path=path)
+    assert not (tmp_path / "out").exists()

@@ -274,6 +274,10 @@ def safe_torch_load(path: str | Path) -> Any:
         raise AttnlabError(
             f"{path} refused: it is not a plain weights file ({_refusal_reason(str(e))})"
         ) from None
+    except FileNotFoundError:
+        raise AttnlabError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise AttnlabError(f"{path} is a folder, not a weights file") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
 
