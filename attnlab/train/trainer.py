@@ -87,23 +87,11 @@ class Trainer:
         model_config: ModelConfig,
         train_config: TrainConfig,
         data_dir: str | Path | None = None,
-        *,
-        vocab_from_data: bool = True,
-        quiet: bool = False,
-        batches: Any | None = None,
-        init_weights: dict[str, torch.Tensor] | None = None,
+        **options: Any,
     ) -> Trainer:
-        """A new run in ``run_dir`` (refused if it already holds a checkpoint)."""
-        return cls(
-            run_dir,
-            model_config,
-            train_config,
-            data_dir,
-            vocab_from_data=vocab_from_data,
-            quiet=quiet,
-            batches=batches,
-            init_weights=init_weights,
-        )
+        """A new run in ``run_dir`` (refused if it already holds a checkpoint); ``options`` are
+        the constructor's: vocab_from_data, quiet, batches, init_weights."""
+        return cls(run_dir, model_config, train_config, data_dir, **options)
 
     @classmethod
     def resume(
