@@ -143,3 +143,42 @@ def test_variant_selection_keeps_comparisons_between_selected_arms() -> None:
 def test_variant_selection_errors(names: list[str], message: str) -> None:
     with pytest.raises(AttnlabError, match=re.escape(message)):
         load_spec("kv-bias").select(names)
+
+
+TINY_RETRIEVAL = {
+    "name": "tiny-retrieval",
+    "kind": "retrieval",
+    "params": {
+        "protocols": {"released": {}, "attnlab": {"loss": "mse"}},
+        "tables": [
+            {
+                "title": "T: tiny",
+                "defaults": {"d": 8, "patterns": 4, "methods": ["bayes", "one-step", "boosted"]},
+                "cells": [
+                    {"column": "a", "args": {"sigma": 0.5}},
+                    {"column": "b", "args": {"sigma": 0.8}},
+                ],
+            }
+        ],
+    },
+    "scale": {"ci": {"seeds": 2, "params": {"steps": 5, "queries": 100}}},
+}
+
+
+def test_retrieval_cells_in_parallel_then_kept_on_rerun(tmp_path: Path) -> None:
+    spec = parse_spec(json.loads(json.dumps(TINY_RETRIEVAL)), "tiny.toml")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_study(spec, "ci", one)
+    lines: list[str] = []
+    run_study(spec, "ci", two, jobs=2, progress=lines.append)
+    assert len(lines) == 4
+    assert all(re.match(r"\[\d/4\] T [ab] \((released|attnlab)\): bayes ", x) for x in lines)
+
+    def tables(out: Path) -> list:
+        return json.loads((out / "study.json").read_text())["tables"]
+
+    assert tables(two) == tables(one)  # the same numbers whatever the number of processes
+    again: list[str] = []
+    run_study(spec, "ci", two, progress=again.append)
+    assert len(again) == 4 and all("finished earlier" in line for line in again)
+    assert tables(two) == tables(one)

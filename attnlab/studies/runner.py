@@ -477,57 +477,118 @@ _ANALYSES = {"per_position": _per_position, "names": _names, "gates": _gates, "e
 
 
 # --- retrieval and overhead studies ------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """One retrieval table cell under one protocol: its arguments, settings and seeds."""
+
+    table: str
+    column: str
+    protocol: str
+    args: dict[str, Any]
+    settings: dict[str, Any]
+    seeds: tuple[int, ...]
+
+
+def score_cell(cell: Cell, threads: int | None = None) -> list[dict[str, float]]:
+    """Accuracy of every method of ``cell`` for each seed (also the worker of the pool)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    a = cell.args
+    return [
+        run_retrieval(
+            a["d"],
+            a["patterns"],
+            a["sigma"],
+            a["methods"],
+            rounds=a.get("rounds", 2),
+            gate=a.get("gate", "mlp"),
+            seed=s,
+            protocol=cell.protocol,
+            **cell.settings,
+        )
+        for s in cell.seeds
+    ]
+
+
 def _run_retrieval(
     spec: StudySpec,
     preset: str,
+    out: Path,
     seeds: list[int],
+    n_jobs: int,
     publish: Callable[[list[dict[str, Any]], dict[str, Any]], None],
     progress: Progress | None,
 ) -> dict[str, Any]:
-    """Every table cell under every protocol of ``params.protocols``: accuracy per seed and
-    mean and std over seeds; ``publish`` after each cell."""
+    """Every table cell under every protocol of ``params.protocols``: accuracy per seed, mean
+    and std over seeds. Cells an earlier invocation scored with the same settings and seeds
+    are kept; ``publish`` after each cell; ``n_jobs`` cells at a time in spawned processes."""
     scale = spec.scale(preset).params
     protocols: dict[str, dict[str, Any]] = spec.params.get("protocols", {"attnlab": {}})
-    settings = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
-    tables = [
-        {"title": t["title"], "rows": t.get("rows", {}), "cells": []}
-        for t in spec.params.get("tables", [])
-    ]
-    n_cells = sum(len(t["cells"]) for t in spec.params.get("tables", []))
-    tracker = Tracker(n_cells * len(protocols), progress)
-    for table, out_table in zip(spec.params.get("tables", []), tables, strict=True):
-        for cell in table["cells"]:
-            args = {**table.get("defaults", {}), **cell.get("args", {})}
-            row: dict[str, Any] = {"column": cell["column"], "args": args, "protocols": {}}
-            row["paper"] = cell.get("paper", {})
-            out_table["cells"].append(row)
+    base = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
+    earlier = {
+        (t["title"], c["column"], name): entry
+        for t in _previous(out).get("tables", [])
+        for c in t.get("cells", [])
+        for name, entry in c.get("protocols", {}).items()
+    }
+    tables, cells, slots = [], [], []
+    for table in spec.params.get("tables", []):
+        rows = []
+        tables.append({"title": table["title"], "rows": table.get("rows", {}), "cells": rows})
+        for spec_cell in table["cells"]:
+            args = {**table.get("defaults", {}), **spec_cell.get("args", {})}
+            row = {"column": spec_cell["column"], "args": args, "protocols": {}}
+            row["paper"] = spec_cell.get("paper", {})
+            rows.append(row)
             for protocol, extra in protocols.items():
-                t0 = time.perf_counter()
-                per_seed = [
-                    run_retrieval(
-                        args["d"],
-                        args["patterns"],
-                        args["sigma"],
-                        args["methods"],
-                        rounds=args.get("rounds", 2),
-                        gate=args.get("gate", "mlp"),
-                        seed=s,
-                        protocol=protocol,
-                        **{**settings, **extra},
-                    )
-                    for s in seeds
-                ]
-                stats = {m: summarize([r[m] for r in per_seed]) for m in args["methods"]}
-                row["protocols"][protocol] = {
-                    "settings": {**settings, **extra},
-                    "accuracy": {m: st["mean"] for m, st in stats.items()},
-                    "std": {m: st["std"] for m, st in stats.items()},
-                    "per_seed": per_seed,
-                }
-                result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
-                where = f"{table['title'].split(':')[0]} {cell['column']} ({protocol})"
-                publish([], {"tables": tables})
-                tracker.done(where, result, time.perf_counter() - t0)
+                cell = Cell(
+                    table["title"],
+                    spec_cell["column"],
+                    protocol,
+                    args,
+                    {**base, **extra},
+                    tuple(seeds),
+                )
+                cells.append(cell)
+                slots.append(row["protocols"])
+    tracker = Tracker(len(cells), progress)
+
+    def record(k: int, per_seed: list[dict[str, float]], seconds: float, cached: bool) -> None:
+        cell = cells[k]
+        stats = {m: summarize([r[m] for r in per_seed]) for m in cell.args["methods"]}
+        slots[k][cell.protocol] = {
+            "settings": cell.settings,
+            "accuracy": {m: st["mean"] for m, st in stats.items()},
+            "std": {m: st["std"] for m, st in stats.items()},
+            "per_seed": per_seed,
+        }
+        publish([], {"tables": tables})
+        result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
+        where = f"{cell.table.split(':')[0]} {cell.column} ({cell.protocol})"
+        tracker.done(where, result, seconds, cached)
+
+    todo = []
+    for k, cell in enumerate(cells):
+        old = earlier.get((cell.table, cell.column, cell.protocol))
+        if old and old.get("settings") == cell.settings and len(old["per_seed"]) == len(seeds):
+            record(k, old["per_seed"], 0.0, True)
+        else:
+            todo.append(k)
+    if n_jobs <= 1:
+        for k in todo:
+            t0 = time.perf_counter()
+            record(k, score_cell(cells[k]), time.perf_counter() - t0, False)
+    else:
+        threads = max(1, (os.cpu_count() or 1) // n_jobs)
+        with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            started = {pool.submit(score_cell, cells[k], threads): k for k in todo}
+            t0 = time.perf_counter()
+            for future in as_completed(started):
+                # wall time since the previous finish: with n_jobs cells in flight, the ETA
+                # from these is the study's, not one cell's
+                now = time.perf_counter()
+                record(started[future], future.result(), now - t0, False)
+                t0 = now
     return {"tables": tables}
 
 
@@ -614,7 +675,7 @@ def run_study(
         runs, extra["wallclock"] = result["runs"], result["wallclock"]
         extra["analyses"] = run_analyses(spec, preset, out, runs)
     elif spec.kind == "retrieval":
-        extra.update(_run_retrieval(spec, preset, seed_list, publish, progress))
+        extra.update(_run_retrieval(spec, preset, out, seed_list, jobs, publish, progress))
     else:
         extra.update(_run_overhead(spec, preset, out))
     return publish(runs, extra)
