@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from test_mechanism_contract import assert_cache_exact
+from test_mechanism_contract import ALL as COMPOSED
+from test_mechanism_contract import assert_cache_exact, example
 
 from attnlab import GPT
 from attnlab.errors import AttnlabError
@@ -25,7 +26,7 @@ CONFIGS = {
     },
     "post-ln": {"norm_placement": "post"},
 }
-ALL = {"use_m_gate": True, "value_gate": True, "twicing": True, "n_kv_head": 2, "pos": "rope"}
+ALL = example(COMPOSED)  # every registered mechanism at once
 
 
 def build(seed: int = 0, **overrides) -> GPT:
