@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from attnlab.errors import AttnlabError
+from attnlab.rundir import run_data_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,14 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from attnlab import from_pretrained
     from attnlab.analysis.loss import split_loss
     from attnlab.data.prepare import load_dataset
     from attnlab.device import resolve_device
-    from attnlab.errors import AttnlabError
-    from attnlab.rundir import run_data_dir
 
     model, tokenizer = from_pretrained(args.model, device=resolve_device(args.device))
     data_dir = args.data or run_data_dir(args.model)

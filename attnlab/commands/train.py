@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnlab.config import split_overrides
+from attnlab.errors import AttnlabError
+from attnlab.fsutil import refuse_foreign, replace_folder
+from attnlab.presets import get_preset
+from attnlab.rundir import RunDir, is_run_folder, run_data_dir
+
 if TYPE_CHECKING:
     from attnlab.train.spec import RunSpec
     from attnlab.train.trainer import Trainer
@@ -47,10 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.config import split_overrides
-    from attnlab.errors import AttnlabError
-    from attnlab.fsutil import refuse_foreign, replace_folder
-    from attnlab.rundir import RunDir, is_run_folder
     from attnlab.train.spec import resolve
     from attnlab.train.trainer import Trainer
 
@@ -92,9 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_resume_flags(args: argparse.Namespace) -> None:
     """A resumed run keeps its model, recipe and data: refuse flags that would say otherwise."""
-    from attnlab.errors import AttnlabError
-    from attnlab.rundir import run_data_dir
-
     flags = [f for f, value in (("--preset", args.preset), ("--config", args.config)) if value]
     if args.out:
         flags.append("--out")
@@ -109,7 +108,6 @@ def check_resume_flags(args: argparse.Namespace) -> None:
 
 
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
-    from attnlab.presets import get_preset
     from attnlab.train.trainer import Trainer
 
     trainer = Trainer.start(
