@@ -328,19 +328,27 @@ def _analysis_sections(analyses: dict[str, Any]) -> list[str]:
 
 
 # --- retrieval and overhead --------------------------------------------------------------------
-def _retrieval_sections(study: dict[str, Any]) -> list[str]:
+def _retrieval_sections(spec: StudySpec, study: dict[str, Any]) -> list[str]:
     lines = []
+    order = list(spec.params.get("protocols", {}))
     for table in study["tables"]:
         cells = table["cells"]
         if not cells:
             continue
-        protocols = list(dict.fromkeys(p for c in cells for p in c["protocols"]))
+        found = dict.fromkeys(p for c in cells for p in c["protocols"])
+        protocols = [p for p in order if p in found] + [p for p in found if p not in order]
         methods = list(
             dict.fromkeys(m for c in cells for p in c["protocols"].values() for m in p["accuracy"])
         )
         rows = []
         for m in methods:
-            sources = [("paper", lambda c, m=m: _acc(c["paper"].get(m), None))]
+            sources = [
+                ("paper", lambda c, m=m: _acc(c["paper"].get(m), None)),
+                (
+                    "paper (authors' repo)",
+                    lambda c, m=m: _acc(c.get("repo_paper", {}).get(m), None),
+                ),
+            ]
             sources += [
                 (
                     f"{p} protocol",
@@ -351,13 +359,16 @@ def _retrieval_sections(study: dict[str, Any]) -> list[str]:
                 )
                 for p in protocols
             ]
-            for k, (source, value) in enumerate(sources):
-                rows.append([table["rows"].get(m, m) if k == 0 else "", source, *map(value, cells)])
+            shown = [(src, [value(c) for c in cells]) for src, value in sources]
+            shown = [(src, vals) for src, vals in shown if any(v != "–" for v in vals)]
+            for k, (source, values) in enumerate(shown):
+                rows.append([table["rows"].get(m, m) if k == 0 else "", source, *values])
         lines += [
             f"## {table['title']}",
             "",
-            "Accuracy %: the paper's value, then attnlab's mean ± std over seeds under each "
-            "protocol.",
+            "Accuracy %: the paper's value (arXiv text; then the later revision in the authors' "
+            "repository, paper/main.tex, where it differs), then attnlab's mean ± std over "
+            "seeds under each protocol.",
             "",
             *_table(["method", "source", *(c["column"] for c in cells)], rows),
         ]
@@ -418,7 +429,7 @@ def write_report(
             study.get("analyses", {})
         )
     elif spec.kind == "retrieval":
-        lines += _retrieval_sections(study)
+        lines += _retrieval_sections(spec, study)
     else:
         lines += _overhead_sections(study)
     path = out / "report.md"

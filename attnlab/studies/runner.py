@@ -539,6 +539,7 @@ def _run_retrieval(
             args = {**table.get("defaults", {}), **spec_cell.get("args", {})}
             row = {"column": spec_cell["column"], "args": args, "protocols": {}}
             row["paper"] = spec_cell.get("paper", {})
+            row["repo_paper"] = spec_cell.get("repo_paper", {})
             rows.append(row)
             for protocol, extra in protocols.items():
                 cell = Cell(
