@@ -151,11 +151,19 @@ class RunDir:
                 f"cannot resume {self.path}: its {CONFIG} is not a run's "
                 "(a model folder? resume the run folder above it)"
             )
-        return RunConfig(
-            ModelConfig.from_dict(saved["model"]),
-            TrainConfig.from_dict(saved["train"]),
-            saved["data"],
-        )
+        if not all(isinstance(saved[part], dict) for part in ("model", "train")):
+            raise AttnlabError(
+                f"cannot resume {self.path}: {self.config} is damaged (its model and train "
+                "must be JSON objects)"
+            )
+        try:
+            return RunConfig(
+                ModelConfig.from_dict(saved["model"]),
+                TrainConfig.from_dict(saved["train"]),
+                str(saved["data"]),
+            )
+        except AttnlabError as e:  # e.g. a field of the wrong type
+            raise AttnlabError(f"cannot resume {self.path}: {self.config}: {e}") from None
 
     def write_config(self, config: RunConfig) -> None:
         write_json(self.config, config.to_dict())

@@ -536,3 +536,56 @@ def test_info_of_a_char_preset_describes_what_train_builds(attnlab, tmp_path: Pa
     params = GPT(ModelConfig.preset("qkve-small", vocab_size=vocab)).get_num_params(False)
     assert any(line.split()[-1] == f"{params:,}" for line in p.stdout.splitlines()
                if line.strip().startswith("total"))  # fmt: skip
+
+
+def _metrics_garbage(run: Path) -> str:
+    with (run / "metrics.csv").open("a") as f:
+        f.write(
+            "abc"
+            + "," * (len((run / "metrics.csv").read_text().splitlines()[0].split(",")) - 1)
+            + "\n"
+        )
+    n = len((run / "metrics.csv").read_text().splitlines())
+    return f"{run / 'metrics.csv'}: line {n} is not a metrics row (its iter is 'abc'); repair or remove that line to resume"
+
+
+def _config_not_objects(run: Path) -> str:
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "model": 1}))
+    return f"cannot resume {run}: {run / 'config.json'} is damaged (its model and train must be JSON objects)"
+
+
+def _config_bad_field(run: Path) -> str:
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["n_layer"] = "two"
+    (run / "config.json").write_text(json.dumps(config))
+    return f"cannot resume {run}: {run / 'config.json'}: n_layer='two' must be of type int"
+
+
+@pytest.mark.parametrize("damage", [_metrics_garbage, _config_not_objects, _config_bad_field])
+def test_resume_of_a_damaged_run_gets_one_line(attnlab, train_tiny, tmp_path: Path, damage):
+    from test_folder_safety import snapshot
+
+    run = tmp_path / "run"
+    train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
+    expected = damage(run)
+    before = snapshot(run)
+    assert error_line(attnlab("train", "--resume", str(run)), "train") == expected
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [("model = 3\n", "model must be a table, not 3"),
+     ("train = 'fast'\n", "train must be a table, not 'fast'"),
+     ("preset = 5\n", "preset must be a name, not 5"),
+     ("data = 5\n", "data must be a folder path, not 5")],
+)  # fmt: skip
+def test_a_toml_config_of_the_wrong_shape(attnlab, tiny_data: Path, tmp_path: Path, toml, expected):
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    p = attnlab(
+        "train", "--config", str(path), "--data", str(tiny_data), "--out", str(tmp_path / "run")
+    )
+    assert error_line(p, "train") == f"config file {path}: {expected}"
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["run.toml"]

@@ -6,6 +6,7 @@ import csv
 import math
 from typing import Any
 
+from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir
 
 METRIC_COLUMNS = [
@@ -46,8 +47,17 @@ class MetricsLog:
             rows = list(csv.reader(f))
         if not rows:
             return
-        # a row cut short by a kill mid-append has too few fields: drop it too
-        kept = [rows[0]] + [r for r in rows[1:] if len(r) == len(rows[0]) and int(r[0]) <= it]
+        kept = [rows[0]]
+        for n, row in enumerate(rows[1:], start=2):
+            if len(row) != len(rows[0]):  # cut short by a kill mid-append: logged again
+                continue
+            if not row or not row[0].isdigit():
+                raise AttnlabError(
+                    f"{self.path}: line {n} is not a metrics row (its iter is {row[0]!r}); "
+                    "repair or remove that line to resume"
+                )
+            if int(row[0]) <= it:
+                kept.append(row)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with tmp.open("w", newline="") as f:
             csv.writer(f).writerows(kept)

@@ -83,6 +83,12 @@ def resolve(
 ) -> RunSpec:
     """Merge the sources, validate, and find the data folder the preset expects."""
     file_data = read_toml(config_file) if config_file else {}
+    for key, kind, what in (("preset", str, "a name"), ("data", str, "a folder path"),
+                            ("model", dict, "a table"), ("train", dict, "a table")):  # fmt: skip
+        if key in file_data and not isinstance(file_data[key], kind):
+            raise AttnlabError(
+                f"config file {config_file}: {key} must be {what}, not {file_data[key]!r}"
+            )
     preset_name = preset or file_data.pop("preset", None) or DEFAULT_PRESET
     file_data.pop("preset", None)
     data = data or file_data.pop("data", None)
