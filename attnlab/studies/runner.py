@@ -28,6 +28,7 @@ from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench import overhead
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import write_json
 from attnlab.presets import get_preset
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.studies.report import write_report
@@ -683,11 +684,8 @@ def run_study(
 
 
 def _write_json(path: Path, data: Any) -> None:
-    # NaN (t and p of a single pair) becomes null, so the file is strict JSON; written to a
-    # temporary name and renamed, so a reader never sees half a file
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_nan_to_none(data), indent=2) + "\n")
-    tmp.replace(path)
+    # NaN (t and p of a single pair) becomes null, so the file is strict JSON
+    write_json(path, _nan_to_none(data))
 
 
 def _nan_to_none(x: Any) -> Any:
