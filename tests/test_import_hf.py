@@ -8,17 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tokenizers import decoders
 
 from attnlab import from_pretrained
 from attnlab.cli import main as cli_main
+from attnlab.data.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 
 GPT2 = dict(
-    vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, activation_function="gelu"
+    vocab_size=320, n_positions=32, n_embd=32, n_layer=2, n_head=4, activation_function="gelu"
 )
 LLAMA = dict(
-    vocab_size=64,
+    vocab_size=320,  # room for the byte-level tokenizer below
     hidden_size=32,
     intermediate_size=80,
     num_hidden_layers=2,
@@ -59,6 +61,11 @@ def test_import_hf_logits_equal(
 ) -> None:
     model = hf_model(kind, **overrides)
     model.save_pretrained(tmp_path / "hf")
+    # a byte-level BPE tokenizer (GPT-2's kind) comes along; a Metaspace one (Llama's) does not
+    tok = Tokenizer.train_byte_bpe("to be or not to be, that is the question\n" * 20, 300)
+    if kind == "llama":
+        tok.hf.decoder = decoders.Metaspace()
+    tok.save(tmp_path / "hf" / "tokenizer.json")
     if not safe:  # the older format: a pickled state_dict (read with weights_only=True)
         from safetensors.torch import load_file
 
@@ -66,10 +73,12 @@ def test_import_hf_logits_equal(
         torch.save(load_file(weights), tmp_path / "hf" / "pytorch_model.bin")
         weights.unlink()
     assert cli_main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "mine")]) == 0
-    assert capsys.readouterr().out.startswith(
-        f"import-hf: {'GPT-2' if kind == 'gpt2' else 'Llama'}"
-    )
-    ours, _ = from_pretrained(tmp_path / "mine")
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"import-hf: {'GPT-2' if kind == 'gpt2' else 'Llama'}")
+    kept = kind == "gpt2"
+    assert ("bytebpe tokenizer" in printed) == kept and ("no tokenizer" in printed) != kept
+    ours, ours_tok = from_pretrained(tmp_path / "mine")
+    assert (ours_tok is not None) == kept
     x = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(x).logits.numpy()
@@ -88,6 +97,7 @@ def test_import_hf_logits_equal(
             "activation_function 'relu'; attnlab's GPT-2 backbone has 'gelu', 'gelu_new'",
         ),
         (None, "has no config.json"),
+        ({"model_type": "llama", "hidden_size": 32}, "missing or malformed field (KeyError"),
     ],
 )
 def test_import_hf_refuses_what_it_cannot_convert(

@@ -21,11 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.export.hf import import_hf
 
-    model, out = import_hf(args.folder, args.out, overwrite=args.overwrite)
+    model, out, tokenizer = import_hf(args.folder, args.out, overwrite=args.overwrite)
     c = model.config
     backbone = "Llama" if c.pos == "rope" else "GPT-2"
+    kept = f"{tokenizer} tokenizer" if tokenizer else "no tokenizer (none attnlab reads)"
     print(
         f"import-hf: {backbone} {c.n_layer} layers x {c.n_embd}, vocab {c.vocab_size}, "
-        f"block {c.block_size} -> {out}"
+        f"block {c.block_size}, {kept} -> {out}"
     )
     return 0

@@ -192,11 +192,28 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
 # --- import ----------------------------------------------------------------------------------
 
 
-def import_hf(source: str | Path, out: str | Path, overwrite: bool = False) -> tuple[Any, Path]:
+# the decoder each attnlab tokenizer kind has: another (Llama's Metaspace...) would decode wrongly
+TOKENIZER_DECODERS = {"char": "Fuse", "bpe": "WordPiece", "bytebpe": "ByteLevel"}
+
+
+def attnlab_tokenizer(path: Path) -> Tokenizer | None:
+    """``tokenizer.json`` as attnlab's Tokenizer, or None when it is not one of attnlab's kinds."""
+    try:
+        tokenizer = Tokenizer.load(path)
+    except AttnlabError:
+        return None
+    decoder = type(tokenizer.hf.decoder).__name__
+    return tokenizer if TOKENIZER_DECODERS[tokenizer.kind] == decoder else None
+
+
+def import_hf(
+    source: str | Path, out: str | Path, overwrite: bool = False
+) -> tuple[Any, Path, str | None]:
     """A local GPT-2 or Llama folder (config.json + safetensors or bin) as an attnlab model folder.
 
-    Returns (model, out). Weights load through safetensors or the weights-only unpickler;
-    ``tokenizer.json`` comes along when attnlab's Tokenizer can read it.
+    Returns (model, out, tokenizer kind or None). Weights load through safetensors or the
+    weights-only unpickler; ``tokenizer.json`` comes along when it is one of attnlab's kinds
+    (GPT-2's byte-level BPE is).
     """
     folder = Path(source).expanduser()
     path = folder / ckpt.CONFIG
@@ -209,16 +226,18 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False) -> t
     kind = data.get("model_type") if isinstance(data, dict) else None
     if kind not in hf_map.KINDS:
         raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
-    config = hf_map.config_from_hf(data, str(path))
+    try:
+        config = hf_map.config_from_hf(data, str(path))
+    except (KeyError, TypeError, ValueError) as e:
+        raise AttnlabError(
+            f"{path}: missing or malformed field ({type(e).__name__}: {e})"
+        ) from None
     sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind)
     if config.tie_embeddings:
         sd.pop("lm_head.weight", None)
     tokenizer = None
     if (folder / ckpt.TOKENIZER).is_file():
-        try:
-            tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
-        except AttnlabError:
-            tokenizer = None  # a tokenizer model attnlab has no class for: the weights still come
+        tokenizer = attnlab_tokenizer(folder / ckpt.TOKENIZER)
     out = Path(out).expanduser()
     is_model = lambda p: ckpt.checkpoint_dir(p) is not None  # noqa: E731
     with replace_folder(out, "attnlab model folder", overwrite, is_model) as tmp:
@@ -227,4 +246,4 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False) -> t
             tokenizer.save(tmp / ckpt.TOKENIZER)
         ckpt.write_state_dict(sd, tmp / ckpt.WEIGHTS)
         model, _ = ckpt.load_pretrained(tmp)  # strict: every weight in place, none left over
-    return model.eval(), out
+    return model.eval(), out, None if tokenizer is None else tokenizer.kind
