@@ -175,12 +175,13 @@ def test_train_and_sft_print_what_they_run(tmp_path, tiny_data, capsys) -> None:
     from attnlab.cli import main
 
     args = ["train", "--data", str(tiny_data), "--out", str(tmp_path / "pre"), *TINY]
-    assert main([*args, "max_iters=4"]) == 0
+    # the schedule set explicitly (a preset's own warmup and decay would scale with max_iters)
+    assert main([*args, "max_iters=4", "warmup_iters=100", "lr_decay_iters=3000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"data:     {tiny_data}: ")
     assert lines[1].startswith("model:    shakespeare-char: ")  # the default preset
     assert lines[2].startswith("device:   cpu, ")
-    # the preset decays over 3000 iters and warms up over 100: the summary says what that means
+    # decay over 3000 iters and warmup over 100 in a 4-iter run: the summary says what that means
     assert lines[3].startswith("schedule: 4 iters, lr 0.001, warmup 100, cosine decay to 0.0001 at")
     last_lr = 1e-3 * 4 / 101  # step 3 of the linear warmup: lr * (it + 1) / (warmup + 1)
     assert f"beyond max_iters: the last step's lr is {last_lr:.3g}" in lines[3]
@@ -190,7 +191,8 @@ def test_train_and_sft_print_what_they_run(tmp_path, tiny_data, capsys) -> None:
     records = tmp_path / "pairs.jsonl"
     pair = {"prompt": "Who art thou?", "response": "A friend."}
     records.write_text("".join(json.dumps(pair) + "\n" for _ in range(30)))
-    over = ["max_iters=2", "eval_interval=2", "eval_iters=1", "batch_size=2", "log_interval=1"]
+    over = ["max_iters=2", "eval_interval=2", "eval_iters=1", "batch_size=2", "log_interval=1",
+            "warmup_iters=20"]  # fmt: skip
     sft_args = ["sft", str(tmp_path / "pre"), "--out", str(tmp_path / "sft"), "--data"]
     assert main([*sft_args, str(records), *over]) == 0
     lines = capsys.readouterr().out.splitlines()
