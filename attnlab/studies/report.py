@@ -375,6 +375,62 @@ def _retrieval_sections(spec: StudySpec, study: dict[str, Any]) -> list[str]:
     return lines
 
 
+def plot_retrieval(spec: StudySpec, study: dict[str, Any], path: Path) -> bool:
+    """One panel per table: accuracy of its trained method (one-step in Table 2, else the
+    table's one method) in every column, per source: the paper, the authors' repository
+    revision, and each protocol as mean with a bar of one standard deviation over seeds."""
+    tables = [{**t, "cells": [c for c in t["cells"] if c["protocols"]]} for t in study["tables"]]
+    tables = [t for t in tables if t["cells"]]
+    if not tables:
+        return False
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        1, len(tables), figsize=(4.6 * len(tables), 4.2), layout="constrained", squeeze=False
+    )
+    protocols = list(spec.params.get("protocols", {}))
+    for ax, table in zip(axes[0], tables, strict=True):
+        cells = table["cells"]
+        methods = list(
+            dict.fromkeys(m for c in cells for p in c["protocols"].values() for m in p["accuracy"])
+        )
+        method = "one-step" if "one-step" in methods else methods[-1]
+        x = list(range(len(cells)))
+        for k, key in enumerate(("paper", "repo_paper")):
+            ys = [_nan(c.get(key, {}).get(method)) for c in cells]
+            if any(math.isfinite(y) for y in ys):
+                label = "paper (arXiv)" if key == "paper" else "paper (authors' repo)"
+                ax.plot(x, ys, ls="none", marker="x+"[k], ms=9, color="k", label=label)
+        for k, protocol in enumerate(protocols):
+            got = [c["protocols"].get(protocol) for c in cells]
+            mean = [_nan(g["accuracy"].get(method)) if g else math.nan for g in got]
+            std = [_nan(g["std"].get(method)) if g else math.nan for g in got]
+            offset = [i + (k - (len(protocols) - 1) / 2) * 0.12 for i in x]
+            ax.errorbar(
+                offset,
+                mean,
+                yerr=std,
+                fmt="os"[k % 2],
+                mfc="none",
+                capsize=3,
+                color=f"C{k}",
+                label=f"attnlab, {protocol} protocol (mean ± std)",
+            )
+        ax.set_xticks(x, [c["column"] for c in cells], rotation=30, ha="right", fontsize=8)
+        ax.set(
+            ylabel=f"{table['rows'].get(method, method)}: accuracy (%)",
+            title=table["title"].split(":")[0],
+        )
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{spec.name}: attnlab against the paper")
+    legend_outside(fig, list(axes[0]), ncol=2)
+    save_figure(fig, path)
+    return True
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
 def _acc(mean: float | None, std: float | None) -> str:
     if mean is None:
         return "–"
@@ -430,6 +486,13 @@ def write_report(
         )
     elif spec.kind == "retrieval":
         lines += _retrieval_sections(spec, study)
+        if plot_retrieval(spec, study, out / FIGURES / "retrieval.png"):
+            lines += [
+                "## Figure",
+                "",
+                f"![accuracy per table against the paper]({FIGURES}/retrieval.png)",
+                "",
+            ]
     else:
         lines += _overhead_sections(study)
     path = out / "report.md"

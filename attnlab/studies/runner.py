@@ -555,7 +555,9 @@ def _run_retrieval(
                 slots.append(row["protocols"])
     tracker = Tracker(len(cells), progress)
 
-    def record(k: int, per_seed: list[dict[str, float]], seconds: float, cached: bool) -> None:
+    def record(
+        k: int, per_seed: list[dict[str, float]], seconds: float, cached: bool, now: bool = True
+    ) -> None:
         cell = cells[k]
         stats = {m: summarize([r[m] for r in per_seed]) for m in cell.args["methods"]}
         slots[k][cell.protocol] = {
@@ -564,7 +566,8 @@ def _run_retrieval(
             "std": {m: st["std"] for m, st in stats.items()},
             "per_seed": per_seed,
         }
-        publish([], {"tables": tables})
+        if now:
+            publish([], {"tables": tables})
         result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
         where = f"{cell.table.split(':')[0]} {cell.column} ({cell.protocol})"
         tracker.done(where, result, seconds, cached)
@@ -573,9 +576,11 @@ def _run_retrieval(
     for k, cell in enumerate(cells):
         old = earlier.get((cell.table, cell.column, cell.protocol))
         if old and old.get("settings") == cell.settings and len(old["per_seed"]) == len(seeds):
-            record(k, old["per_seed"], 0.0, True)
+            record(k, old["per_seed"], 0.0, True, now=False)
         else:
             todo.append(k)
+    # study.json is where scored cells live: never rewrite it with fewer than were found
+    publish([], {"tables": tables})
     if n_jobs <= 1:
         for k in todo:
             t0 = time.perf_counter()
