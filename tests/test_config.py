@@ -148,3 +148,16 @@ def test_a_presets_schedule_scales_with_max_iters(preset, overrides, warmup, dec
 
     train = resolve(preset, overrides=overrides, data="data").train
     assert (train.warmup_iters, train.lr_decay_iters) == (warmup, decay)
+
+
+def test_a_presets_vocab_size_is_kept_only_for_its_own_data(tmp_path) -> None:
+    from attnlab.data.prepare import default_data_dir
+    from attnlab.train.spec import resolve
+
+    own = default_data_dir("bpe", 16384)  # gba-lm's data: the embedded corpus, BPE 16,384
+    assert not resolve("gba-lm-boosted", data=str(own)).vocab_from_data
+    assert resolve("gba-lm-boosted", data=str(tmp_path)).vocab_from_data  # other data: its own
+    assert not resolve(
+        "gba-lm-boosted", overrides=["vocab_size=512"], data=str(tmp_path)
+    ).vocab_from_data
+    assert resolve("shakespeare-char", data=str(tmp_path)).vocab_from_data

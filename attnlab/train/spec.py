@@ -30,7 +30,7 @@ class RunSpec:
     model: ModelConfig
     train: TrainConfig
     data_dir: Path | None  # None: the embedded char corpus
-    vocab_from_data: bool  # True unless a preset, file or override fixed vocab_size
+    vocab_from_data: bool  # False if set by the user, or by the preset for its own data
     preset: str = DEFAULT_PRESET
 
 
@@ -101,10 +101,18 @@ def resolve(
     model_over, train_over = split_overrides(pairs + list(overrides or []))
     model = ModelConfig.from_dict({**p.model, **model_over})
     train = TrainConfig.from_dict(with_scaled_schedule(p.train, train_over))
-    # a preset's vocab_size is its own data's: other data (--data, a file's data) brings its own
-    vocab_from_data = "vocab_size" not in model_over and ("vocab_size" not in p.model or bool(data))
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
+    # a preset's vocab_size belongs to its own data; other data brings its own vocabulary
+    vocab_from_data = "vocab_size" not in model_over and (
+        "vocab_size" not in p.model or not is_presets_own_data(p.data, data_dir)
+    )
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
+
+
+def is_presets_own_data(wanted: dict[str, Any], data: Path | None) -> bool:
+    """Whether ``data`` is the embedded corpus prepared the way the preset asks for."""
+    own = default_data_dir(wanted.get("tokenizer", "char"), wanted.get("vocab_size"))
+    return data is None or data.expanduser().resolve() == own.resolve()
 
 
 def default_data_for(data_spec: dict[str, Any]) -> Path | None:
