@@ -257,3 +257,14 @@ def test_train_overwrite_swaps_in_a_finished_run_only(
     assert p.returncode == 0, p.stderr
     assert json.loads((run / "config.json").read_text())["train"]["seed"] == 7
     assert sorted(q.name for q in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_attnlab_home_that_is_a_file_is_named(attnlab, tmp_path: Path, monkeypatch):  # noqa: F811
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    monkeypatch.setenv("ATTNLAB_HOME", str(home))
+    p = attnlab("prepare")
+    assert error_line(p, "prepare") == (
+        f"{home / 'data' / 'shakespeare-char'}: Not a directory; choose another ATTNLAB_HOME"
+    )
+    assert home.read_text() == "not a folder"

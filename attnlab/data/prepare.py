@@ -90,13 +90,14 @@ def prepare(
     bars while a BPE trains, on a terminal).
     """
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
+    flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
     if out is None:
         if sources and list(sources) != [EMBEDDED]:
             raise AttnlabError("preparing a custom corpus needs an output folder (--out)")
         out = default_data_dir(tokenizer, vocab_size)
     out = Path(out).expanduser()
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
-    with replace_folder(out, "prepared data folder", overwrite, is_data_folder) as tmp:
+    with replace_folder(out, "prepared data folder", overwrite, is_data_folder, flag) as tmp:
         with _stage(progress, f"reading {', '.join(sources or [EMBEDDED])}") as done:
             corpus = load_corpus(sources, val_fraction)
             done.append(
