@@ -244,6 +244,9 @@ def test_train_overwrite_swaps_in_a_finished_run_only(
     run = tmp_path / "run"
     train = ["train", "--data", str(tiny_data), "--out", str(run), *TINY]
     assert attnlab(*train).returncode == 0
+    (run / ".attnlab.lock").write_text(
+        "12345\n"
+    )  # as a finished trainer in another process left it
     before = snapshot(tmp_path)
     p = attnlab(*train, "seed=7")
     assert error_line(p, "train") == (

@@ -174,6 +174,8 @@ class Trainer:
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
         if self.dist.is_main:
+            if not resuming:  # refused before the lock file is touched: nothing changes
+                self._refuse_a_started_run()
             self.lock.acquire()
         if resuming:
             self._load_latest()
@@ -214,12 +216,15 @@ class Trainer:
     def _write_run_config(self) -> None:
         self.run_folder.write_config(RunConfig(self.model_config, self.cfg, str(self.data.dir)))
 
-    def _start_run_dir(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def _refuse_a_started_run(self) -> None:
         if ckpt.checkpoint_dir(self.run_folder.latest) is not None:
             raise AttnlabError(
                 f"{self.run_dir} already holds a run; use --resume, --overwrite or another --out"
             )
+
+    def _start_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_a_started_run()  # again under the lock: another trainer may have begun
         self._write_run_config()
         self.run_folder.write_env(environment(self.device))
         self.run_folder.metrics.unlink(missing_ok=True)
