@@ -589,3 +589,43 @@ def test_a_toml_config_of_the_wrong_shape(attnlab, tiny_data: Path, tmp_path: Pa
     )
     assert error_line(p, "train") == f"config file {path}: {expected}"
     assert sorted(q.name for q in tmp_path.iterdir()) == ["run.toml"]
+
+
+def test_ctrl_c_in_chat_stops_the_reply_then_quits_at_the_prompt(
+    attnlab, tmp_path: Path, monkeypatch
+):
+    import io
+    import sys
+
+    import torch
+    from conftest import tiny_model
+    from test_chat import chat_tokenizer
+
+    from attnlab.model import GPT, generation
+    from attnlab.train.checkpoint import save_checkpoint
+
+    tok = chat_tokenizer()
+    save_checkpoint(tmp_path / "m", GPT(tiny_model(vocab_size=tok.vocab_size, block_size=64)), tok)
+    a, b = tok.encode("a")[0], tok.encode("b")[0]
+    calls = []
+
+    def stream(*args, **kwargs):  # the first reply is interrupted after one token
+        calls.append(args[1][0].tolist())
+        yield torch.tensor([[a]])
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        yield torch.tensor([[b]])
+
+    class Stdin(io.StringIO):  # two messages, then Ctrl-C at the prompt
+        def readline(self, *args):
+            line = super().readline(*args)
+            if not line:
+                raise KeyboardInterrupt
+            return line
+
+    monkeypatch.setattr(generation, "stream", stream)
+    monkeypatch.setattr(sys, "stdin", Stdin("hi\nhi\n"))
+    p = attnlab("chat", str(tmp_path / "m"), "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "a\n(stopped)\nab\n\n"
+    assert calls[0] == calls[1]  # the stopped reply did not join the history
