@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
+from attnlab.studies import runner
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec, parse_spec
 from attnlab.train.trainer import Trainer
@@ -165,7 +166,10 @@ TINY_RETRIEVAL = {
 }
 
 
-def test_retrieval_cells_in_parallel_then_kept_on_rerun(tmp_path: Path) -> None:
+@pytest.mark.slow  # spawns a process pool
+def test_retrieval_cells_in_parallel_then_kept_on_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = parse_spec(json.loads(json.dumps(TINY_RETRIEVAL)), "tiny.toml")
     one, two = tmp_path / "one", tmp_path / "two"
     run_study(spec, "ci", one)
@@ -182,3 +186,18 @@ def test_retrieval_cells_in_parallel_then_kept_on_rerun(tmp_path: Path) -> None:
     run_study(spec, "ci", two, progress=again.append)
     assert len(again) == 4 and all("finished earlier" in line for line in again)
     assert tables(two) == tables(one)
+
+    # More seeds later: the first two are kept, only the third is computed.
+    three = tmp_path / "three"
+    run_study(spec, "ci", three, seeds=3)
+    calls: list[int] = []
+    original = runner.run_retrieval
+
+    def counted(*args, seed, **kwargs):
+        calls.append(seed)
+        return original(*args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(runner, "run_retrieval", counted)
+    run_study(spec, "ci", two, seeds=3)
+    assert calls == [2, 2, 2, 2]  # one new seed for each of the 4 cells
+    assert tables(two) == tables(three)

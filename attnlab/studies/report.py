@@ -372,6 +372,29 @@ def _retrieval_sections(spec: StudySpec, study: dict[str, Any]) -> list[str]:
             "",
             *_table(["method", "source", *(c["column"] for c in cells)], rows),
         ]
+        if table.get("comparisons"):
+            lines += [
+                f"Paired by seed against {table['baseline']} (`scipy.stats.ttest_rel`, "
+                "Holm-corrected within each protocol); difference in accuracy points, mean ± "
+                "std over seeds; wins = seeds where the column is higher.",
+                "",
+                *_table(
+                    ["protocol", "column", "n", "difference", "t (df)", "p", "p Holm", "wins"],
+                    [
+                        [
+                            c["protocol"],
+                            c["column"],
+                            str(c["n"]),
+                            f"{c['mean_diff']:+.1f} ± {c['std_diff']:.1f}",
+                            f"{_num(c['t'], '.2f')} ({c['df']})",
+                            _p(c["p"]),
+                            _p(c["p_holm"]),
+                            c["wins"],
+                        ]
+                        for c in table["comparisons"]
+                    ],
+                ),
+            ]
     return lines
 
 

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -488,14 +488,16 @@ class Cell:
     args: dict[str, Any]
     settings: dict[str, Any]
     seeds: tuple[int, ...]
+    known: tuple[dict[str, float], ...] = ()  # results of the first seeds, from an earlier run
 
 
 def score_cell(cell: Cell, threads: int | None = None) -> list[dict[str, float]]:
-    """Accuracy of every method of ``cell`` for each seed (also the worker of the pool)."""
+    """Accuracy of every method of ``cell`` for each seed, reusing ``cell.known`` for the
+    first seeds (also the worker of the pool)."""
     if threads is not None:
         torch.set_num_threads(threads)
     a = cell.args
-    return [
+    return [*cell.known] + [
         run_retrieval(
             a["d"],
             a["patterns"],
@@ -507,7 +509,7 @@ def score_cell(cell: Cell, threads: int | None = None) -> list[dict[str, float]]
             protocol=cell.protocol,
             **cell.settings,
         )
-        for s in cell.seeds
+        for s in cell.seeds[len(cell.known) :]
     ]
 
 
@@ -535,7 +537,14 @@ def _run_retrieval(
     tables, cells, slots = [], [], []
     for table in spec.params.get("tables", []):
         rows = []
-        tables.append({"title": table["title"], "rows": table.get("rows", {}), "cells": rows})
+        tables.append(
+            {
+                "title": table["title"],
+                "rows": table.get("rows", {}),
+                "cells": rows,
+                "baseline": table.get("baseline"),
+            }
+        )
         for spec_cell in table["cells"]:
             args = {**table.get("defaults", {}), **spec_cell.get("args", {})}
             row = {"column": spec_cell["column"], "args": args, "protocols": {}}
@@ -567,7 +576,7 @@ def _run_retrieval(
             "per_seed": per_seed,
         }
         if now:
-            publish([], {"tables": tables})
+            publish([], {"tables": _with_comparisons(tables)})
         result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
         where = f"{cell.table.split(':')[0]} {cell.column} ({cell.protocol})"
         tracker.done(where, result, seconds, cached)
@@ -575,12 +584,14 @@ def _run_retrieval(
     todo = []
     for k, cell in enumerate(cells):
         old = earlier.get((cell.table, cell.column, cell.protocol))
-        if old and old.get("settings") == cell.settings and len(old["per_seed"]) == len(seeds):
-            record(k, old["per_seed"], 0.0, True, now=False)
+        known = old["per_seed"] if old and old.get("settings") == cell.settings else []
+        if len(known) >= len(seeds):  # seed s is always the s-th entry
+            record(k, known[: len(seeds)], 0.0, True, now=False)
         else:
+            cells[k] = replace(cell, known=tuple(known))
             todo.append(k)
     # study.json is where scored cells live: never rewrite it with fewer than were found
-    publish([], {"tables": tables})
+    publish([], {"tables": _with_comparisons(tables)})
     if n_jobs <= 1:
         for k in todo:
             t0 = time.perf_counter()
@@ -596,7 +607,44 @@ def _run_retrieval(
                 now = time.perf_counter()
                 record(started[future], future.result(), now - t0, False)
                 t0 = now
-    return {"tables": tables}
+    return {"tables": _with_comparisons(tables)}
+
+
+def _with_comparisons(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each table with a ``baseline`` column gets paired t-tests (over seeds) of its single
+    trained method in every other column against that column, per protocol, Holm-corrected
+    within the table and protocol. Higher accuracy is better: ``mean_diff`` is column minus
+    baseline and ``wins`` counts seeds where the column is higher."""
+    out = []
+    for table in tables:
+        comparisons: list[dict[str, Any]] = []
+        base = next((c for c in table["cells"] if c["column"] == table.get("baseline")), None)
+        for protocol, base_scores in (base or {}).get("protocols", {}).items():
+            method = next(iter(base_scores["accuracy"]))
+            b = [r[method] for r in base_scores["per_seed"]]
+            rows = []
+            for cell in table["cells"]:
+                got = cell["protocols"].get(protocol)
+                if cell is base or got is None or method not in got["accuracy"]:
+                    continue
+                v = [r[method] for r in got["per_seed"]]
+                stats = paired_comparison(v, b)
+                rows.append(
+                    {
+                        "protocol": protocol,
+                        "method": method,
+                        "column": cell["column"],
+                        "baseline": base["column"],
+                        **{k: stats[k] for k in ("n", "t", "df", "p", "mean_diff")},
+                        "std_diff": summarize([x - y for x, y in zip(v, b, strict=True)])["std"],
+                        "wins": f"{sum(x > y for x, y in zip(v, b, strict=True))}/{len(v)}",
+                    }
+                )
+            for row, p in zip(rows, holm([r["p"] for r in rows]), strict=True):
+                row["p_holm"] = p
+            comparisons += rows
+        out.append({**table, "comparisons": comparisons})
+    return out
 
 
 def _run_overhead(spec: StudySpec, preset: str, out: Path) -> dict[str, Any]:
