@@ -226,3 +226,48 @@ def test_spec_errors_are_one_line() -> None:
         parse_spec(
             {"variants": {"a": {"preset": "shakespeare-char"}}, "scale": {"ci": {"seeds": 1}}}
         ).scale("cpu")
+
+
+BAD_SPECS = [
+    ({"preset": 5}, {}, "variant 'a': preset must be a name (a string)"),
+    ({"preset": "nope"}, {}, "variant 'a': unknown preset 'nope' (known: "),
+    (
+        {"preset": "shakespeare-char", "model": {"n_layr": 2}},
+        {},
+        "variant a: unknown model key 'n_layr'; did you mean 'n_layer'?",
+    ),
+    (
+        {"preset": "shakespeare-char"},
+        {"train": {"lr": 1e-3}},
+        "scale ci: unknown train key 'lr'; did you mean 'learning_rate'?",
+    ),
+    ({"preset": "shakespeare-char"}, {"seeds": "x"}, "scale ci: seeds must be a whole number >= 1"),
+    ({"preset": "shakespeare-char"}, {"seeds": 0}, "scale ci: seeds must be a whole number >= 1"),
+]
+
+
+@pytest.mark.parametrize(("variant", "scale", "message"), BAD_SPECS)
+def test_bad_spec_values_are_refused_when_read(
+    tmp_path: Path, variant: dict, scale: dict, message: str
+) -> None:
+    lines = ["[variants.a]"]
+    for key, value in variant.items():
+        if isinstance(value, dict):
+            inner = ", ".join(f"{k} = {v!r}" for k, v in value.items())
+            lines.append(f"{key} = {{ {inner} }}")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    lines.append("[scale.ci]")
+    lines.append(f"seeds = {json.dumps(scale.get('seeds', 1))}")
+    for key, value in scale.items():
+        if key != "seeds":
+            inner = ", ".join(f"{k} = {v!r}" for k, v in value.items())
+            lines.append(f"{key} = {{ {inner} }}")
+    spec_file = tmp_path / "bad.toml"
+    spec_file.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    proc = run_cli("study", str(spec_file), "--out", str(out))
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists()  # nothing written

@@ -18,13 +18,14 @@ variant's own overrides < the scale's per-variant overrides. A scale (``[scale.c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import unknown_key_message
+from attnlab.config import ModelConfig, TrainConfig, unknown_key_message
 from attnlab.errors import AttnlabError
+from attnlab.presets import get_preset
 from attnlab.train.spec import tomllib
 
 SCALES = ("ci", "cpu", "paper")
@@ -179,6 +180,24 @@ def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> N
             raise AttnlabError(f"{where}: " + unknown_key_message(key, list(allowed), "study"))
 
 
+_FIELDS = {
+    "model": [f.name for f in fields(ModelConfig)],
+    "train": [f.name for f in fields(TrainConfig)],
+}
+
+
+def _check_fields(table: dict[str, Any], where: str) -> None:
+    """The ``model`` and ``train`` tables of ``table`` name only real config fields, so a typo
+    fails when the spec is read, not when its run starts."""
+    for section, known in _FIELDS.items():
+        overrides = table.get(section, {})
+        if not isinstance(overrides, dict):
+            raise AttnlabError(f"{where}: {section} must be a table of key = value")
+        for key in overrides:
+            if key not in known:
+                raise AttnlabError(f"{where}: {unknown_key_message(key, known, section)}")
+
+
 def _check_path_name(name: str, what: str) -> None:
     """Variant names become folders under --out: no separators, no '..', nothing hidden."""
     if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
@@ -206,6 +225,13 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         )
         if "preset" not in v:
             raise AttnlabError(f"{where}: variant {name!r} needs a preset")
+        if not isinstance(v["preset"], str):
+            raise AttnlabError(f"{where}: variant {name!r}: preset must be a name (a string)")
+        try:
+            get_preset(v["preset"])
+        except AttnlabError as e:
+            raise AttnlabError(f"{where}: variant {name!r}: {e}") from None
+        _check_fields(v, f"{where} variant {name}")
         variants[name] = Variant(
             name,
             v["preset"],
@@ -245,8 +271,13 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         for name in per_variant:
             if name not in variants:
                 raise AttnlabError(f"{where}: scale {preset} overrides unknown variant {name!r}")
+            _check_fields(per_variant[name], f"{where} scale {preset} variant {name}")
+        _check_fields(s, f"{where} scale {preset}")
+        seeds = s.get("seeds", 1)
+        if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+            raise AttnlabError(f"{where}: scale {preset}: seeds must be a whole number >= 1")
         scales[preset] = Scale(
-            int(s.get("seeds", 1)),
+            seeds,
             s.get("notes", ""),
             s.get("data"),
             _table(s, "model", where),
