@@ -78,11 +78,12 @@ class Job:
 class Tracker:
     """Counts finished units of work and reports each as one line with what is left and an ETA.
 
-    The ETA averages the units actually computed in this invocation (not ones found finished).
+    The ETA averages the units actually computed in this invocation (not ones found finished)
+    and divides by how many run at a time.
     """
 
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total, self.progress = total, progress
+    def __init__(self, total: int, progress: Progress | None, parallel: int = 1) -> None:
+        self.total, self.progress, self.parallel = total, progress, parallel
         self.finished = self.computed = 0
         self.seconds = 0.0
 
@@ -96,7 +97,7 @@ class Tracker:
         left = self.total - self.finished
         eta = ""
         if left and self.computed:
-            eta = f", ETA {_duration(self.seconds / self.computed * left)}"
+            eta = f", ETA {_duration(self.seconds / self.computed * left / self.parallel)}"
         took = "finished earlier" if cached else f"{_duration(seconds)}"
         self.progress(f"[{self.finished}/{self.total}] {what}: {result} ({took}); {left} left{eta}")
 
@@ -339,7 +340,7 @@ def _run_lm(
     """
     clocked = [n for n, v in spec.variants.items() if v.clock_of]
     first = [n for n in spec.variants if n not in clocked]
-    tracker = Tracker(len(seeds) * len(spec.variants), progress)
+    tracker = Tracker(len(seeds) * len(spec.variants), progress, parallel=n_jobs)
     runs: list[dict[str, Any]] = []
     budgets: dict[str, dict[str, Any]] = {
         k: b for k, b in _previous(out).get("wallclock", {}).items() if k in clocked
