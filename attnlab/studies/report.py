@@ -391,7 +391,14 @@ def _retrieval_sections(spec: StudySpec, study: dict[str, Any]) -> list[str]:
                             _p(c["p_holm"]),
                             c["wins"],
                         ]
-                        for c in table["comparisons"]
+                        for c in sorted(
+                            table["comparisons"],
+                            key=lambda c: (
+                                protocols.index(c["protocol"])
+                                if c["protocol"] in protocols
+                                else len(protocols)
+                            ),
+                        )
                     ],
                 ),
             ]
