@@ -186,7 +186,16 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
 def _lm_sections(
     out: Path, spec: StudySpec, results: dict[str, Any], study: dict[str, Any]
 ) -> list[str]:
-    lines = [
+    planned = len(study["seeds"]) * len(spec.variants)
+    finished = sum(r["status"] == "ok" for r in results["runs"])
+    lines = []
+    if finished < planned:
+        lines += [
+            f"**Partial: {finished} of {planned} runs finished.** Rerunning the command above "
+            "continues the study (an unfinished run resumes from its last checkpoint).",
+            "",
+        ]
+    lines += [
         "## Variants",
         "",
         "Final validation loss of each run (the same fixed validation batches "
