@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,23 @@ def torchrun(*args: str, nproc: int = 2) -> None:
         "attnlab",
         *args,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # its own process group: on a timeout the ranks go too, not just torchrun (a rank left
+    # behind would wait in a gloo collective forever)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"torchrun timed out: {err[-3000:]}") from None
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
 
 
 def metrics(run_dir: Path) -> dict[int, dict[str, float]]:
