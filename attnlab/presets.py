@@ -82,12 +82,12 @@ PRESETS: dict[str, Preset] = {
         _KV_SEED_MODEL,
         _KV_SEED_TRAIN,
     ),
-    "kvbias-shakespeare-char": Preset(
+    "kv-bias-shakespeare-char": Preset(
         "K/V-bias purpose state at n_embd 112: the parameter-matched partner of shakespeare-char",
         {**_KV_SEED_MODEL, "n_embd": 112, "use_m_gate": True},
         _KV_SEED_TRAIN,
     ),
-    "kvbias-detached-shakespeare-char": Preset(
+    "kv-bias-detached-shakespeare-char": Preset(
         "the seed's critical ablation: K/V-bias with M detached (no cross-layer gradient)",
         {**_KV_SEED_MODEL, "n_embd": 112, "use_m_gate": True, "m_gate_detached": True},
         _KV_SEED_TRAIN,
@@ -184,10 +184,17 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# former names, still accepted (run folders and scripts name them) but not listed
+RENAMED = {
+    "kvbias-shakespeare-char": "kv-bias-shakespeare-char",
+    "kvbias-detached-shakespeare-char": "kv-bias-detached-shakespeare-char",
+}
+
+
 def get_preset(name: str) -> Preset:
-    """Look a preset up by name; unknown names list the close ones."""
+    """Look a preset up by name (or a former name); unknown names list the close ones."""
     try:
-        return PRESETS[name]
+        return PRESETS[RENAMED.get(name, name)]
     except KeyError:
         close = difflib.get_close_matches(name, PRESETS, n=3)
         hint = (

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import ROOT, tiny_model
 
 from attnlab.bench import _timing
 from attnlab.bench.generate import quarter_ratio
 from attnlab.bench.overhead import bench_variants, count_params, matched_width, modern_backbone
 from attnlab.cli import main
+from attnlab.train.spec import tomllib
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -103,6 +104,14 @@ def test_reference_step_is_our_gpt_exactly() -> None:
         torch.testing.assert_close(p.grad, params[name].grad, rtol=0, atol=5e-7, msg=name)
 
 
+def test_bench_labels_are_the_mechanisms_names() -> None:
+    """One name per mechanism: the labels (in registry order), and the overhead study's list."""
+    names = ["kv-bias", "kv-bias-detached", "value-gate", "twicing", "boosted"]
+    assert list(bench_variants()) == names
+    spec = tomllib.loads((ROOT / "attnlab/studies/specs/overhead.toml").read_text())
+    assert sorted(spec["params"]["mechanisms"]) == sorted(names)
+
+
 def test_quarter_ratio_by_hand() -> None:
     assert quarter_ratio([1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 4.0, 8.0]) == pytest.approx(6.0 / 2.0)
 
@@ -130,12 +139,12 @@ def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
     # the value gate on its own backbone (GQA, RoPE, RMSNorm, deep SwiGLU) against that backbone
     modern = modern_backbone(tiny_model(n_layer=1, n_embd=32, block_size=16, vocab_size=65))
-    assert rows["value gate @32 (modern)"][1] == "modern"
-    assert rows["value gate @32 (modern)"][2].replace(",", "") == str(
+    assert rows["value-gate @32 (modern)"][1] == "modern"
+    assert rows["value-gate @32 (modern)"][2].replace(",", "") == str(
         count_params(modern.replace(value_gate=True))
     )
-    wide = int(rows["boosted M=2 @32 (fair)"][0])
-    assert rows["boosted M=2 @32 (fair)"][1] == "fair" and wide > 32
+    wide = int(rows["boosted @32 (fair)"][0])
+    assert rows["boosted @32 (fair)"][1] == "fair" and wide > 32
     target = count(32, boost_rounds=2)
     for other in (wide - 8, wide + 8):  # no other width step gets closer
         assert abs(count(wide) - target) <= abs(count(other) - target)

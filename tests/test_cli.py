@@ -67,7 +67,8 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, tiny_data: Path) 
 
 def test_presets_and_help() -> None:
     listed = run_cli("presets")
-    assert listed.returncode == 0 and "kvbias-shakespeare-char" in listed.stdout
+    assert listed.returncode == 0 and "kv-bias-shakespeare-char" in listed.stdout
+    assert "kvbias" not in listed.stdout  # former names still load but are not listed
     helped = run_cli("--help")
     for command in ("train", "sample", "eval", "prepare", "demo"):
         assert command in helped.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
 from attnlab.errors import AttnlabError
-from attnlab.presets import PRESETS
+from attnlab.presets import PRESETS, RENAMED
 
 
 @pytest.mark.parametrize(
@@ -92,9 +92,15 @@ def test_presets_build_and_cite_their_source() -> None:
         assert config.n_embd % config.n_head == 0
     kv = ModelConfig.preset("shakespeare-char")
     assert (kv.n_layer, kv.n_head, kv.n_embd, kv.block_size, kv.bias) == (6, 4, 128, 128, False)
-    assert ModelConfig.preset("kvbias-shakespeare-char", n_layer=4).n_layer == 4
+    assert ModelConfig.preset("kv-bias-shakespeare-char", n_layer=4).n_layer == 4
     with pytest.raises(AttnlabError, match="unknown preset"):
         ModelConfig.preset("shakespear-char")
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_former_preset_names_still_load(old: str, new: str) -> None:
+    assert old not in PRESETS and new in PRESETS
+    assert ModelConfig.preset(old, n_layer=2) == ModelConfig.preset(new, n_layer=2)
 
 
 def test_schedule_is_nanogpts_warmup_then_cosine() -> None:

@@ -37,8 +37,8 @@ ALL_MECHANISMS = dict(
 )
 CONFIGS = {
     "vanilla": dict(),
-    "purpose_state": dict(use_m_gate=True),
-    "qkve": dict(value_gate=True, n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),
+    "kv-bias": dict(use_m_gate=True),
+    "value-gate": dict(value_gate=True, n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),
     "twicing": dict(twicing=True),
     "boosted": dict(boost_rounds=3, boost_gate="mlp", bias=True),
 }

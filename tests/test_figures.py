@@ -39,7 +39,7 @@ def test_bench_overhead_figure_draws_every_row_distinguishably(tmp_path: Path) -
             Row(w, "kv-bias", "equal", w, 120 * w, 2.4 * w, 1.2, (1.1, 1.3)),
             Row(w, "kv-bias", "params", w - 8, 100 * w, 2.1 * w, 1.05, (1.0, 1.1)),
             Row(w + 8, "kv-bias", "fair", w, 120 * w, 2.4 * w, 0.97, (0.9, 1.0)),
-            Row(w, "value gate", "modern", w, 110 * w, 2.2 * w, 1.1, (1.0, 1.2)),
+            Row(w, "value-gate", "modern", w, 110 * w, 2.2 * w, 1.1, (1.0, 1.2)),
         ]
     fig = plot(rows, str(tmp_path / "o.png"), f"{SMOKE}\nbench overhead: 1 layers")
     ax_t, ax_o = check_figure(fig, tmp_path / "o.png", 2, SMOKE)
@@ -49,7 +49,7 @@ def test_bench_overhead_figure_draws_every_row_distinguishably(tmp_path: Path) -
         f"kv-bias, {suffix['equal']}",
         f"kv-bias, {suffix['params']}",
         f"kv-bias, {suffix['fair']}",
-        f"value gate, {suffix['modern']}",
+        f"value-gate, {suffix['modern']}",
     ]
     assert labelled_lines(ax_t)[0] == "vanilla"
     styles = {(line.get_linestyle(), line.get_marker()) for line in ax_o.get_lines()[:4]}

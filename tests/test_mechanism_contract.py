@@ -114,6 +114,8 @@ def check_spec(name: str) -> None:
     model_fields = {f.name for f in fields(ModelConfig)}
     assert set(spec.fields) <= model_fields and set(spec.switch) <= set(spec.fields)
     assert not spec.enabled(ModelConfig()) or spec.always_on
+    # one name: every bench label is the mechanism's own, or it with an ablation's suffix
+    assert all(label == spec.label or label.startswith(f"{spec.label}-") for label in spec.bench)
     for variant in spec.bench.values():
         assert spec.enabled(tiny_model(**variant))
     with unregistered(name):

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("preset", ["qkve-small", "gba-lm-twicing", "kvbias-shakespeare-char"])
+@pytest.mark.parametrize("preset", ["qkve-small", "gba-lm-twicing", "kv-bias-shakespeare-char"])
 def test_info_shapes_match_a_real_build(preset: str) -> None:
     from attnlab.commands.info import parameter_counts, shapes_only
     from attnlab.config import ModelConfig

@@ -165,10 +165,10 @@ def measure(
                 wide = fair_width(base, count_params(configs[(name, "equal")]))
                 configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
         # the value gate also on its own (QKVE-style) backbone
-        if ("value gate", "equal") in configs and n_head % 2 == 0:
+        if ("value-gate", "equal") in configs and n_head % 2 == 0:
             modern = modern_backbone(base)
             configs[("modern", "equal")] = modern
-            configs[("value gate", "modern")] = modern.replace(value_gate=True)
+            configs[("value-gate", "modern")] = modern.replace(value_gate=True)
         if compile:
             allow_compiled_models(len(configs))
         steps = {

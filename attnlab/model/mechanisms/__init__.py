@@ -42,7 +42,7 @@ from torch import nn
 HOOKS = ("qkv", "core", "rounds", "output", "state", "mlp_input")
 
 # module names under attnlab.model.mechanisms, in the order their hooks run
-REGISTRY = ("purpose_state", "value_gate", "twicing", "boosted")
+REGISTRY = ("kv_bias", "value_gate", "twicing", "boosted")
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,18 @@ class Mechanism:
     switch: dict[str, Any]  # the fields that turn it on, with their "off" (plain model) values
     fields: tuple[str, ...]  # every ModelConfig field it owns, the switch included
     example: dict[str, Any]  # a small config that turns it on, for tests
-    bench: dict[str, dict[str, Any]]  # `bench overhead` variants: label -> fields
+    bench: dict[str, dict[str, Any]]  # `bench overhead` variants: label (``label`` or
+    # ``label-ablation``) -> fields
     adds_params: bool = True  # bench overhead checks the parameter count grows
     # attention passes per layer, a factor on the FLOP count's attention term
     attention_passes: Callable[[Any], int] = _one
     zero_gate: dict[str, Any] | None = None  # fields under which a fresh model is plain attention
     always_on: bool = False  # no switch: on whenever registered (tests' toy mechanisms)
+
+    @property
+    def label(self) -> str:
+        """The mechanism's one name (the module's, hyphenated): presets, bench labels, studies."""
+        return self.name.replace("_", "-")
 
     def enabled(self, config: Any) -> bool:
         return self.always_on or any(getattr(config, k) != off for k, off in self.switch.items())

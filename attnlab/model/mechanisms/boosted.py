@@ -1,4 +1,4 @@
-"""Gradient-boosted attention (seed gradient-boosted-attention): extra rounds fit the residual.
+"""Gradient-boosted attention (``boosted``; seed gradient-boosted-attention): rounds fit residuals.
 
 Round 0 is the layer's ordinary attention, ``F = Attn_0(x)``. Each round m >= 1 then fits what
 round 0 missed, like one stage of gradient boosting::
@@ -91,6 +91,6 @@ SPEC = Mechanism(
     switch={"boost_rounds": 1},
     fields=("boost_rounds", "boost_gate", "boost_kv_source"),
     example={"boost_rounds": 2},
-    bench={"boosted M=2": {"boost_rounds": 2}},
+    bench={"boosted": {"boost_rounds": 2}},
     attention_passes=lambda config: config.boost_rounds,
 )

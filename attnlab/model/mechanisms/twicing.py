@@ -1,4 +1,4 @@
-"""Twicing attention (Abdullaev & Nguyen, ICLR 2025): (2A - A^2) V per head, no new parameters.
+"""Twicing attention (``twicing``; Abdullaev & Nguyen, ICLR 2025): (2A - A^2) V, no new parameters.
 
 (2A - A^2) V = A (2V - AV), so instead of forming A^2 we run a second attention pass (same
 scores, through SDPA) over u = 2V - AV. u_j depends only on positions <= j, so it is cached per

@@ -1,4 +1,4 @@
-"""QKVE value gate (seed qkve-value-gate): V_mod = V * (1 + tanh(x W_E)).
+"""Value gate (``value-gate``; seed qkve-value-gate, "QKVE"): V_mod = V * (1 + tanh(x W_E)).
 
 W_E is shaped like W_V (n_embd -> n_kv_head * head_dim), so with GQA it gates the shared value
 heads. The multiplier lies in (0, 2): it can damp or amplify a value channel but never flip its
@@ -45,6 +45,6 @@ SPEC = Mechanism(
     switch={"value_gate": False},
     fields=("value_gate", "value_gate_init"),
     example={"value_gate": True, "n_kv_head": 1},
-    bench={"value gate": {"value_gate": True}},
+    bench={"value-gate": {"value_gate": True}},
     zero_gate={"value_gate_init": "zero"},
 )

@@ -178,8 +178,8 @@ def vanilla_params(n_layer: int, e: int, vocab: int, block: int) -> int:
     "preset, kv",
     [
         ("shakespeare-char", False),
-        ("kvbias-shakespeare-char", True),
-        ("kvbias-detached-shakespeare-char", True),
+        ("kv-bias-shakespeare-char", True),
+        ("kv-bias-detached-shakespeare-char", True),
         ("shakespeare-char-112", False),
         ("shakespeare-char-7l", False),
         ("shakespeare-char-136", False),

@@ -1,4 +1,4 @@
-"""K/V-bias purpose state (seed kv-bias-purpose-state).
+"""K/V-bias (``kv-bias``; seed kv-bias-purpose-state): a purpose state M biases keys and values.
 
 A per-token state M flows down the blocks. Each block's attention adds ``W_kvm(M_prev)`` to its
 keys and values (Q, the softmax and the causal mask are untouched), and after the attention
@@ -92,12 +92,12 @@ def parts(config: ModelConfig) -> list[Part]:
 
 
 SPEC = Mechanism(
-    name="purpose_state",
+    name="kv_bias",
     switch={"use_m_gate": False},
     fields=("use_m_gate", "m_gate_detached", "m_inject"),
     example={"use_m_gate": True},
     bench={
         "kv-bias": {"use_m_gate": True},
-        "kv-bias detached": {"use_m_gate": True, "m_gate_detached": True},
+        "kv-bias-detached": {"use_m_gate": True, "m_gate_detached": True},
     },
 )
