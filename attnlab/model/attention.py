@@ -164,7 +164,10 @@ class CausalSelfAttention(nn.Module):
         return proj(x).split([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
 
     def heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """[B, T, n * head_dim] -> [B, n, T, head_dim]."""
         b, t, _ = x.shape
+        if t == 1:  # a decoding step: both layouts are one memory order, so one view will do
+            return x.view(b, n, 1, self.head_dim)
         return x.view(b, t, n, self.head_dim).transpose(1, 2)
 
     def attend(
@@ -198,7 +201,8 @@ class CausalSelfAttention(nn.Module):
             ctx.keep(f"{slot}.weights", w)
             ctx.keep(f"{slot}.v", repeat_kv(v, self.n_head // self.n_kv_head))
             ctx.keep(f"{slot}.out", y)
-        return y.transpose(1, 2).contiguous().view(b, t, self.n_embd), w
+        y = y.reshape(b, 1, self.n_embd) if t == 1 else y.transpose(1, 2).reshape(b, t, self.n_embd)
+        return y, w
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         q, k, v = self.split_qkv(x, self.c_attn)
@@ -209,4 +213,6 @@ class CausalSelfAttention(nn.Module):
             y = part.add_rounds(x, y, w0, self, ctx)
         for part in self.hooks["output"]:
             y = part.adjust_output(y, ctx)
-        return self.resid_dropout(self.c_proj(y))
+        y = self.c_proj(y)
+        # dropout is the identity in eval mode: not calling it saves a dispatch per decoded token
+        return self.resid_dropout(y) if self.training else y

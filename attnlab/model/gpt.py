@@ -140,7 +140,8 @@ class GPT(nn.Module):
             if pos is None:
                 pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
             x = x + self.transformer.wpe(pos)
-        x = self.transformer.drop(x)
+        if self.training:  # dropout is the identity in eval mode
+            x = self.transformer.drop(x)
         ctx = Context(start=start, cache=cache, rotary=self.rotary, stats=stats, capture=capture)
         ctx.positions = position_ids
         if attention_mask is not None:
@@ -157,8 +158,9 @@ class GPT(nn.Module):
                 logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1
             )
             return logits, loss
-        # inference: only the last position's logits unless asked (a list index keeps the time dim)
-        return self.lm_head(x if all_logits else x[:, [-1], :]), None
+        # inference: only the last position's logits unless asked (a view, no copy: a decoding
+        # step already has one position)
+        return self.lm_head(x if all_logits or t == 1 else x[:, -1:, :]), None
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config.n_layer, self.config.block_size)

@@ -57,7 +57,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        y = self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(y) if self.training else y  # identity in eval: skip the call
 
 
 class SwiGLU(nn.Module):
@@ -72,7 +73,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.c_fc(x).split(self.d_ffn, dim=-1)
-        return self.dropout(self.c_proj(F.silu(gate) * up))
+        y = self.c_proj(F.silu(gate) * up)
+        return self.dropout(y) if self.training else y
 
 
 def make_mlp(config: ModelConfig) -> nn.Module:
