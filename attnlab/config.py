@@ -2,6 +2,10 @@
 
 Components are chosen by name (``norm="rmsnorm"``, ``pos="rope"``, ``mlp="swiglu"``) and every
 mechanism is one or two flags, so a config round-trips through JSON and TOML unchanged.
+
+The mechanism flags' allowed values and rules are declared by the mechanisms themselves (their
+SPECs in attnlab.model.mechanisms), which install their check in MECHANISM_CHECKS when imported;
+that package's docstring says why this module does not import them.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,14 +30,22 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "pos": ("learned", "rope"),
     "mlp": ("gelu", "gelu_tanh", "swiglu"),  # gelu_tanh: GPT-2's tanh approximation
     "norm_placement": ("pre", "post"),
-    "m_inject": ("kv", "output_mul", "mlp_input"),
-    "value_gate_init": ("normal", "zero"),
-    "boost_gate": ("linear", "mlp", "scalar", "none"),
-    "boost_kv_source": ("residual", "input"),
     "ffn_sublayers": (1, 2),
     "nan_policy": ("stop", "skip"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
 }
+
+# Checks of the mechanism fields, run by ModelConfig after its own: attnlab.model.mechanisms
+# installs its ``validate`` here when imported (a config cannot import the layer above it).
+MECHANISM_CHECKS: list[Callable[[ModelConfig], None]] = []
+
+
+def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    """Refuse ``name=value`` unless value is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(
+            f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+        )
 
 
 class _Serialisable:
@@ -88,12 +101,7 @@ class _Serialisable:
                 raise ConfigError(f"{f.name}={value!r} must be a finite number")
 
     def _check_choice(self, name: str) -> None:
-        value = getattr(self, name)
-        allowed = CHOICES[name]
-        if value not in allowed:
-            raise ConfigError(
-                f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
-            )
+        check_choice(name, getattr(self, name), CHOICES[name])
 
     def _check_positive(self, *names: str, allow_zero: bool = False) -> None:
         for name in names:
@@ -128,7 +136,8 @@ def unknown_key_message(key: str, known: list[str], where: str) -> str:
 
 @dataclass
 class ModelConfig(_Serialisable):
-    """The model: nanoGPT's fields first, then components, then one group of flags per mechanism."""
+    """The model: nanoGPT's fields first, then components, then one group of flags per mechanism
+    (each group owned, choices and rules included, by its module in attnlab.model.mechanisms)."""
 
     # nanoGPT (GPTConfig) fields and defaults
     block_size: int = 1024
@@ -149,14 +158,14 @@ class ModelConfig(_Serialisable):
     ffn_sublayers: int = 1  # 2 = the QKVE seed's "deep SwiGLU": two pre-normed FFNs per block
     n_kv_head: int | None = None  # None: n_head (plain multi-head attention); fewer = GQA
     tie_embeddings: bool = True
-    # K/V-bias purpose state (seed kv-bias-purpose-state)
+    # kv-bias (mechanisms/kv_bias.py): the K/V-bias purpose state (seed kv-bias-purpose-state)
     use_m_gate: bool = False
     m_gate_detached: bool = False
     m_inject: str = "kv"
-    # QKVE value gate (seed qkve-value-gate)
+    # value-gate (mechanisms/value_gate.py; seed qkve-value-gate)
     value_gate: bool = False
     value_gate_init: str = "normal"
-    # gradient-boosted attention and Twicing (seed gradient-boosted-attention)
+    # boosted (mechanisms/boosted.py) and twicing (mechanisms/twicing.py)
     boost_rounds: int = 1
     boost_gate: str = "linear"
     boost_kv_source: str = "residual"
@@ -168,17 +177,7 @@ class ModelConfig(_Serialisable):
             "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta"
         )
         self._check_positive("d_ffn", "n_kv_head", "boost_rounds", "norm_eps")
-        for name in (
-            "norm",
-            "norm_placement",
-            "pos",
-            "mlp",
-            "ffn_sublayers",
-            "m_inject",
-            "value_gate_init",
-            "boost_gate",
-            "boost_kv_source",
-        ):
+        for name in ("norm", "norm_placement", "pos", "mlp", "ffn_sublayers"):
             self._check_choice(name)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout={self.dropout!r} must be in [0, 1)")
@@ -192,15 +191,8 @@ class ModelConfig(_Serialisable):
             raise ConfigError(
                 f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}"
             )
-        if self.m_gate_detached and not self.use_m_gate:
-            raise ConfigError("m_gate_detached=True needs use_m_gate=True")
-        if self.m_inject != "kv" and not self.use_m_gate:
-            raise ConfigError(f"m_inject={self.m_inject!r} needs use_m_gate=True")
-        if self.boost_gate == "mlp" and self.twicing and self.boost_rounds > 1:
-            raise ConfigError(
-                "boost_gate='mlp' reads the entropy of softmax weights; it does not "
-                "compose with twicing=True (2A - A^2 rows can be negative)"
-            )
+        for check in MECHANISM_CHECKS:
+            check(self)
         if self.norm_eps is None:
             self.norm_eps = 1e-6 if self.norm == "rmsnorm" else 1e-5
         if self.d_ffn is None:

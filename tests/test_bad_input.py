@@ -67,6 +67,19 @@ def error_line(p: subprocess.CompletedProcess, command: str) -> str:
         (["max_seconds=NaN"], "max_seconds=nan must be a finite number"),
         (["rope_theta=-Infinity"], "rope_theta=-inf must be a finite number"),
         (["min_lr=NaN"], "min_lr=nan must be a finite number"),
+        # the mechanisms' own choices and rules (their SPECs)
+        (
+            ["m_inject=bogus"],
+            "m_inject='bogus' is not allowed; choose one of 'kv', 'output_mul', 'mlp_input'",
+        ),
+        (["m_gate_detached=true"], "m_gate_detached=True needs use_m_gate=True"),
+        (["m_inject=mlp_input"], "m_inject='mlp_input' needs use_m_gate=True"),
+        (["boost_kv_source=x"], "boost_kv_source='x' is not allowed; choose one of 'residual'"),
+        (
+            ["boost_rounds=2", "boost_gate=mlp", "twicing=true"],
+            "boost_gate='mlp' reads the entropy of softmax weights; it does not compose with "
+            "twicing=True (2A - A^2 rows can be negative)",
+        ),
     ],
 )
 def test_bad_train_config(attnlab, tiny_data: Path, tmp_path: Path, args, expected):
@@ -80,6 +93,18 @@ def test_unknown_key_end_to_end(tiny_data: Path, tmp_path: Path):
     assert (
         error_line(p, "train") == "unknown config key 'lerning_rate'; did you mean 'learning_rate'?"
     )
+
+
+def test_a_mechanism_rule_end_to_end(tiny_data: Path, tmp_path: Path):
+    """A fresh interpreter refuses a mechanism's bad field before the run folder exists."""
+    p = run_cli(
+        "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), "value_gate_init=off"
+    )
+    assert (
+        error_line(p, "train")
+        == "value_gate_init='off' is not allowed; choose one of 'normal', 'zero'"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_debug_shows_the_traceback(tiny_data: Path, tmp_path: Path):
@@ -562,7 +587,20 @@ def _config_bad_field(run: Path) -> str:
     return f"cannot resume {run}: {run / 'config.json'}: n_layer='two' must be of type int"
 
 
-@pytest.mark.parametrize("damage", [_metrics_garbage, _config_not_objects, _config_bad_field])
+def _config_bad_mechanism_field(run: Path) -> str:
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["boost_gate"] = "tanh"
+    (run / "config.json").write_text(json.dumps(config))
+    return (
+        f"cannot resume {run}: {run / 'config.json'}: boost_gate='tanh' is not allowed; "
+        "choose one of 'linear', 'mlp', 'scalar', 'none'"
+    )
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_metrics_garbage, _config_not_objects, _config_bad_field, _config_bad_mechanism_field],
+)
 def test_resume_of_a_damaged_run_gets_one_line(attnlab, train_tiny, tmp_path: Path, damage):
     from test_folder_safety import snapshot
 

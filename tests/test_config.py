@@ -27,8 +27,6 @@ from attnlab.presets import PRESETS, RENAMED
         ({"dropout": 1.5}, "dropout=1.5 must be in [0, 1)"),
         ({"n_embd": "wide"}, "n_embd='wide' must be of type int"),
         ({"bias": 1}, "bias=1 must be of type bool"),
-        ({"m_gate_detached": True}, "m_gate_detached=True needs use_m_gate=True"),
-        ({"boost_gate": "tanh"}, "boost_gate='tanh'"),
     ],
 )
 def test_bad_model_values_name_field_value_and_allowed(overrides: dict, message: str) -> None:

@@ -2,8 +2,9 @@
 
 Each mechanism module declares a ``SPEC`` (attnlab.model.mechanisms.Mechanism); these tests hold
 every SPEC to what it claims: its example config turns it (and only it) on, the config survives
-a JSON round trip, cached decoding equals the full forward, a zero gate (where the mechanism has
-one) is exactly plain attention, and the bench variants and parameter claims are true. A toy
+a JSON round trip, its choices and rules refuse bad fields with one-line ConfigErrors, cached
+decoding equals the full forward, a zero gate (where the mechanism has one) is exactly plain
+attention, and the bench variants and parameter claims are true. A toy
 mechanism registered from one file (tests/toy_mechanism.py) passes the same checks.
 """
 
@@ -14,6 +15,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import fields
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +23,8 @@ import toy_mechanism
 from conftest import tiny_model
 
 from attnlab import GPT
-from attnlab.config import ModelConfig
+from attnlab.config import CHOICES, MECHANISM_CHECKS, ModelConfig
+from attnlab.errors import ConfigError
 from attnlab.model import mechanisms
 from attnlab.model.mechanisms import REGISTRY, Mechanism
 
@@ -124,7 +127,57 @@ def check_spec(name: str) -> None:
     assert grows == spec.adds_params
 
 
-CHECKS = [check_spec, check_config_round_trip, check_cached_decoding, check_zero_gate]
+class Reads:
+    """A config that records which fields are read."""
+
+    def __init__(self, **values: Any) -> None:
+        self._values, self.names = values, set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.names.add(name)
+        return self._values[name]
+
+
+def refused(**overrides: Any) -> str:
+    """The one-line message with which ModelConfig refuses ``overrides``."""
+    with pytest.raises(ConfigError) as err:
+        tiny_model(**overrides)
+    assert len(str(err.value).splitlines()) == 1
+    return str(err.value)
+
+
+def check_validation(name: str) -> None:
+    """The SPEC's choices and rules name its own fields (a rule may also read another
+    mechanism's switch); a value outside a choice and each rule's example are refused on
+    construction with their one-line messages; the example config is accepted."""
+    spec = spec_of(name)
+    tiny_model(**spec.example)
+    assert set(spec.choices) <= set(spec.fields)
+    for field, allowed in spec.choices.items():
+        bad = f"not-a-{field}"
+        assert refused(**spec.example, **{field: bad}) == (
+            f"{field}={bad!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+        )
+        for value in allowed:
+            tiny_model(**{**spec.example, field: value})
+    defaults = ModelConfig().to_dict()
+    for rule in spec.rules:
+        assert set(rule.reads) & set(spec.fields)
+        assert set(rule.reads) <= set(spec.fields) | set(mechanisms.plain_fields())
+        config = Reads(**{**defaults, **rule.example})
+        assert rule.refuses(config) and config.names <= set(rule.reads)
+        assert not rule.refuses(Reads(**defaults))
+        values = {f: getattr(config, f) for f in rule.reads}
+        assert refused(**rule.example) == rule.message.format(**values)
+
+
+CHECKS = [
+    check_spec,
+    check_config_round_trip,
+    check_validation,
+    check_cached_decoding,
+    check_zero_gate,
+]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -147,6 +200,21 @@ def test_fields_belong_to_one_mechanism() -> None:
         k: v for spec in mechanisms.specs() for k, v in spec.switch.items()
     }
     assert mechanisms.enabled(ModelConfig()) == []
+    # a choice list lives in one place: the config's for the backbone, a SPEC's for its fields
+    owned_choices = [f for spec in mechanisms.specs() for f in spec.choices]
+    assert len(owned_choices) == len(set(owned_choices)) and not set(owned_choices) & set(CHOICES)
+
+
+def test_the_model_refuses_a_config_made_before_the_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A config built while no mechanism check was installed is checked when it becomes a model."""
+    monkeypatch.setattr("attnlab.config.MECHANISM_CHECKS", [])
+    config = tiny_model(m_inject="mlp_input")
+    monkeypatch.undo()
+    assert mechanisms.validate in MECHANISM_CHECKS
+    with pytest.raises(ConfigError, match="m_inject='mlp_input' needs use_m_gate=True"):
+        GPT(config)
 
 
 def test_attention_passes_multiply() -> None:

@@ -15,8 +15,10 @@ from attnlab.data.bins import BatchSampler
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model.generation import filter_logits
+from attnlab.model.mechanisms import choices
 
 FAST = settings(max_examples=40, deadline=None)
+MECHANISM_CHOICES = choices()
 
 
 @st.composite
@@ -40,11 +42,13 @@ def valid_model_configs(draw) -> dict:
         n_kv_head=draw(st.none() | st.sampled_from(kv_divisors)),
         tie_embeddings=draw(st.booleans()), use_m_gate=use_m_gate,
         m_gate_detached=use_m_gate and draw(st.booleans()),
-        m_inject=draw(st.sampled_from(CHOICES["m_inject"])) if use_m_gate else "kv",
+        m_inject=draw(st.sampled_from(MECHANISM_CHOICES["m_inject"])) if use_m_gate else "kv",
         value_gate=draw(st.booleans()),
-        value_gate_init=draw(st.sampled_from(CHOICES["value_gate_init"])),
-        boost_rounds=draw(st.integers(1, 4)), boost_gate=draw(st.sampled_from(CHOICES["boost_gate"])),
-        boost_kv_source=draw(st.sampled_from(CHOICES["boost_kv_source"])), twicing=draw(st.booleans()),
+        value_gate_init=draw(st.sampled_from(MECHANISM_CHOICES["value_gate_init"])),
+        boost_rounds=draw(st.integers(1, 4)),
+        boost_gate=draw(st.sampled_from(MECHANISM_CHOICES["boost_gate"])),
+        boost_kv_source=draw(st.sampled_from(MECHANISM_CHOICES["boost_kv_source"])),
+        twicing=draw(st.booleans()),
     )  # fmt: skip
 
 
@@ -98,7 +102,9 @@ def invalid_model_configs(draw) -> tuple[dict, str]:
             )
         )
         kwargs[name] = draw(
-            st.text(min_size=1, max_size=8).filter(lambda s: s not in CHOICES[name])
+            st.text(min_size=1, max_size=8).filter(
+                lambda s: s not in {**CHOICES, **MECHANISM_CHOICES}[name]
+            )
         )
     elif kind == "type":
         name = draw(st.sampled_from(["n_layer", "block_size", "bias", "dropout"]))

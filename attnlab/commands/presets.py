@@ -35,6 +35,9 @@ def spell(value: Any) -> str:
 
 def field_table() -> list[str]:
     """Lines of `--fields`: name, type, default and meaning of every field, model then train."""
+    from attnlab.model import mechanisms  # they declare their own fields' choices
+
+    allowed = {**CHOICES, **mechanisms.choices()}
     lines = []
     for title, cls, helps in (
         ("model fields (ModelConfig)", ModelConfig, MODEL_HELP),
@@ -44,16 +47,12 @@ def field_table() -> list[str]:
         lines.append(title)
         for f in dataclasses.fields(cls):
             kind = str(f.type).replace(" | None", " or null")
-            choices = _choices(f.name)
+            choices = " | ".join(map(spell, allowed.get(f.name, ())))
             meaning = helps[f.name] + (f" ({choices})" if choices else "")
             lines.append(f"  {f.name:<28} {kind:<16} {spell(defaults[f.name]):<10} {meaning}")
         lines.append("")
     lines.append("Set any of them as key=value (or --key=value) after `attnlab train`.")
     return lines
-
-
-def _choices(name: str) -> str:
-    return " | ".join(map(spell, CHOICES[name])) if name in CHOICES else ""
 
 
 def preset_lines(name: str) -> list[str]:

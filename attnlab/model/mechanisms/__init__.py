@@ -20,11 +20,22 @@ A part may also define ``init_weights()`` (called after the nanoGPT init) and ex
 ``needs_weights = True`` (a rounds part that needs round-0 attention weights).
 
 Besides ``parts``, a mechanism module declares ``SPEC = Mechanism(...)``: the ModelConfig fields
-it owns and their "off" values, a small example config for the contract tests, its benchmark
-variants, what it does to the FLOP count, and the setting (if any) under which a fresh model
-computes plain attention. Everything else is derived here: which mechanisms a config enables,
-the bench lists, the plain-reference fields. tests/test_mechanism_contract.py checks every
-registered mechanism, and all of them together, against the contract.
+it owns and their "off" values, their allowed values (``choices``) and the combinations it
+refuses (``rules``), a small example config for the contract tests, its benchmark variants, what
+it does to the FLOP count, and the setting (if any) under which a fresh model computes plain
+attention. Everything else is derived here: which mechanisms a config enables, the bench lists,
+the plain-reference fields, the validation of the mechanism fields. tests/test_mechanism_contract.py
+checks every registered mechanism, and all of them together, against the contract.
+
+How the mechanisms' validation reaches ModelConfig. The SPECs live beside nn.Modules, so reading
+them imports torch, and attnlab.config sits below the model (it must not import it, and
+``attnlab --help`` must not load torch). So the dependency is inverted: importing this package
+installs ``validate`` in ``attnlab.config.MECHANISM_CHECKS``, which ModelConfig runs on
+construction after its own checks. Every code path that builds a model, trains or exports
+imports this package before it makes a config, so a bad mechanism field is refused where the
+config is made, with the message and error type (ConfigError) it always had, before anything is
+written. A config made before this package was imported is checked again when it becomes a model
+(``attach`` runs ``validate``), so no model is ever built from a config its mechanisms refuse.
 """
 
 from __future__ import annotations
@@ -33,11 +44,14 @@ import importlib
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from torch import nn
+
+from attnlab.config import MECHANISM_CHECKS, check_choice
+from attnlab.errors import ConfigError
 
 HOOKS = ("qkv", "core", "rounds", "output", "state", "mlp_input")
 
@@ -51,6 +65,16 @@ class Part:
     name: str  # attribute name on the owner, hence the state_dict key
     hooks: tuple[str, ...]
     build: Callable[[], nn.Module]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination of config fields a mechanism refuses, with its one-line message."""
+
+    reads: tuple[str, ...]  # the ModelConfig fields ``refuses`` looks at
+    refuses: Callable[[Any], bool]
+    message: str  # formatted with the ``reads`` fields: "m_inject={m_inject!r} needs ..."
+    example: dict[str, Any]  # fields of a config it refuses, for the contract tests
 
 
 def _one(config: Any) -> int:
@@ -72,6 +96,9 @@ class Mechanism:
     attention_passes: Callable[[Any], int] = _one
     zero_gate: dict[str, Any] | None = None  # fields under which a fresh model is plain attention
     always_on: bool = False  # no switch: on whenever registered (tests' toy mechanisms)
+    choices: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # field -> allowed values
+    # combinations refused; a rule reads the mechanism's own fields and other mechanisms' switches
+    rules: tuple[Rule, ...] = ()
 
     @property
     def label(self) -> str:
@@ -111,6 +138,28 @@ def param_adding_variants() -> tuple[str, ...]:
     return tuple(label for spec in specs() if spec.adds_params for label in spec.bench)
 
 
+def choices() -> dict[str, tuple[Any, ...]]:
+    """Allowed values of every registered mechanism's choice fields."""
+    return {name: allowed for spec in specs() for name, allowed in spec.choices.items()}
+
+
+def validate(config: Any) -> None:
+    """Refuse (ConfigError) a config whose mechanism fields break a registered SPEC's choices or
+    rules."""
+    for spec in specs():
+        for name, allowed in spec.choices.items():
+            check_choice(name, getattr(config, name), allowed)
+        for rule in spec.rules:
+            if rule.refuses(config):
+                raise ConfigError(
+                    rule.message.format(**{f: getattr(config, f) for f in rule.reads})
+                )
+
+
+if validate not in MECHANISM_CHECKS:
+    MECHANISM_CHECKS.append(validate)
+
+
 def attention_passes(config: Any) -> int:
     """Attention passes per layer under ``config`` (1 for plain attention)."""
     return math.prod(spec.attention_passes(config) for spec in specs() if spec.enabled(config))
@@ -126,6 +175,7 @@ def parts_for(config, where: str) -> list[Part]:
 
 def attach(owner: nn.Module, config, where: str) -> dict[str, list[nn.Module]]:
     """Create the parts that live in ``owner`` and return them grouped by hook."""
+    validate(config)  # the config may predate this package's import (see the module docstring)
     hooks: dict[str, list[nn.Module]] = defaultdict(list)
     for part in parts_for(config, where):
         module = part.build()

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.functional import linear
 
 from attnlab.config import ModelConfig
-from attnlab.model.mechanisms import Mechanism, Part
+from attnlab.model.mechanisms import Mechanism, Part, Rule
 from attnlab.model.mechanisms.boost_gates import make_gate
 
 
@@ -93,4 +93,17 @@ SPEC = Mechanism(
     example={"boost_rounds": 2},
     bench={"boosted": {"boost_rounds": 2}},
     attention_passes=lambda config: config.boost_rounds,
+    choices={
+        "boost_gate": ("linear", "mlp", "scalar", "none"),
+        "boost_kv_source": ("residual", "input"),
+    },
+    rules=(
+        Rule(
+            ("boost_gate", "twicing", "boost_rounds"),
+            lambda c: c.boost_gate == "mlp" and c.twicing and c.boost_rounds > 1,
+            "boost_gate='mlp' reads the entropy of softmax weights; it does not compose with "
+            "twicing=True (2A - A^2 rows can be negative)",
+            example={"boost_rounds": 2, "boost_gate": "mlp", "twicing": True},
+        ),
+    ),
 )

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.mechanisms import Mechanism, Part
+from attnlab.model.mechanisms import Mechanism, Part, Rule
 
 
 def previous_m(like: torch.Tensor, ctx) -> torch.Tensor:
@@ -100,4 +100,19 @@ SPEC = Mechanism(
         "kv-bias": {"use_m_gate": True},
         "kv-bias-detached": {"use_m_gate": True, "m_gate_detached": True},
     },
+    choices={"m_inject": ("kv", "output_mul", "mlp_input")},
+    rules=(
+        Rule(
+            ("m_gate_detached", "use_m_gate"),
+            lambda c: c.m_gate_detached and not c.use_m_gate,
+            "m_gate_detached=True needs use_m_gate=True",
+            example={"m_gate_detached": True},
+        ),
+        Rule(
+            ("m_inject", "use_m_gate"),
+            lambda c: c.m_inject != "kv" and not c.use_m_gate,
+            "m_inject={m_inject!r} needs use_m_gate=True",
+            example={"m_inject": "mlp_input"},
+        ),
+    ),
 )

@@ -47,4 +47,5 @@ SPEC = Mechanism(
     example={"value_gate": True, "n_kv_head": 1},
     bench={"value-gate": {"value_gate": True}},
     zero_gate={"value_gate_init": "zero"},
+    choices={"value_gate_init": ("normal", "zero")},
 )
