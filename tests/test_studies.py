@@ -12,6 +12,8 @@ from conftest import run_cli
 from scipy import stats
 
 from attnlab.errors import AttnlabError
+from attnlab.studies import spec as spec_format
+from attnlab.studies.kinds import KINDS
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import list_studies, load_spec, parse_spec
 
@@ -270,4 +272,25 @@ def test_bad_spec_values_are_refused_when_read(
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists()  # nothing written
+
+
+def test_every_kind_a_spec_may_name_has_one_implementation() -> None:
+    """The registry holds exactly the kinds a spec may name, each with run and sections."""
+    assert sorted(KINDS) == sorted(spec_format.KINDS) == ["lm", "overhead", "retrieval"]
+    assert {load_spec(name).kind for name, _ in list_studies()} == set(KINDS)
+    for kind in KINDS.values():
+        assert callable(kind.run) and callable(kind.sections)
+
+
+def test_unknown_kind_is_refused_in_one_line(tmp_path: Path) -> None:
+    spec_file = tmp_path / "timing.toml"
+    spec_file.write_text('kind = "timing"\n[scale.ci]\nseeds = 1\n')
+    out = tmp_path / "out"
+    proc = run_cli("study", str(spec_file), "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"attnlab study: error: {spec_file}: kind='timing' is not allowed; "
+        "choose one of lm, overhead, retrieval"
+    ]
     assert not out.exists()  # nothing written

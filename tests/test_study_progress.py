@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
-from attnlab.studies import runner
+from attnlab.studies import jobs
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec, parse_spec
 from attnlab.train.trainer import Trainer
@@ -191,13 +191,13 @@ def test_retrieval_cells_in_parallel_then_kept_on_rerun(
     three = tmp_path / "three"
     run_study(spec, "ci", three, seeds=3)
     calls: list[int] = []
-    original = runner.run_retrieval
+    original = jobs.run_retrieval
 
     def counted(*args, seed, **kwargs):
         calls.append(seed)
         return original(*args, seed=seed, **kwargs)
 
-    monkeypatch.setattr(runner, "run_retrieval", counted)
+    monkeypatch.setattr(jobs, "run_retrieval", counted)
     run_study(spec, "ci", two, seeds=3)
     assert calls == [2, 2, 2, 2]  # one new seed for each of the 4 cells
     assert tables(two) == tables(three)

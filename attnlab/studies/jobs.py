@@ -1,0 +1,172 @@
+"""The units of work of a study, their workers and the pool that runs them.
+
+A ``Job`` is one training run of an lm study; a ``Cell`` one retrieval table cell under one
+protocol. Their workers (``train_one``, ``score_cell``) never raise for a broken variant and run
+in-process or in spawned processes (``run_all``), so both must stay importable at module level.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from attnlab.analysis.retrieval import run_retrieval
+from attnlab.rundir import RunDir, finished_summary
+from attnlab.train import checkpoint as ckpt
+from attnlab.train.spec import as_overrides, resolve
+from attnlab.train.trainer import Trainer
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of a study: a variant's preset and overrides, one seed, one folder."""
+
+    variant: str
+    seed: int
+    preset: str
+    model: dict[str, Any]
+    train: dict[str, Any]
+    data: str
+    run_dir: str
+    max_iters: int | None = None  # the wall-clock-matched budget; the schedule stretches with it
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One retrieval table cell under one protocol: its arguments, settings and seeds."""
+
+    table: str
+    column: str
+    protocol: str
+    args: dict[str, Any]
+    settings: dict[str, Any]
+    seeds: tuple[int, ...]
+    known: tuple[dict[str, float], ...] = ()  # results of the first seeds, from an earlier run
+
+
+def run_all(
+    work: Callable[[Item, int | None], Result],
+    items: Sequence[Item],
+    n_jobs: int,
+    on_done: Callable[[int, Result, float], None],
+) -> None:
+    """``work(item, threads)`` for every item, here or in ``n_jobs`` spawned processes (torch
+    threads split between them); ``on_done(index, result, seconds)`` as each one finishes.
+
+    ``seconds`` is the wall time since the previous one finished: with ``n_jobs`` in flight,
+    an ETA from these is the whole batch's, not one item's.
+    """
+    if n_jobs <= 1:
+        for i, item in enumerate(items):
+            t0 = time.perf_counter()
+            result = work(item, None)
+            on_done(i, result, time.perf_counter() - t0)
+        return
+    threads = max(1, (os.cpu_count() or 1) // n_jobs)
+    with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        started = {pool.submit(work, item, threads): i for i, item in enumerate(items)}
+        t0 = time.perf_counter()
+        for future in as_completed(started):
+            now = time.perf_counter()
+            on_done(started[future], future.result(), now - t0)
+            t0 = now
+
+
+def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
+    """Train (or skip, or resume) one run; never raises: failures come back as status "failed".
+
+    A run with a ``latest/`` checkpoint but no summary resumes from that checkpoint, so a study
+    stopped in the middle of a run loses at most the steps since the last checkpoint.
+    """
+    run_dir = Path(job.run_dir)
+    row: dict[str, Any] = {"variant": job.variant, "seed": job.seed, "run_dir": str(run_dir)}
+    t0 = time.perf_counter()
+    try:
+        summary = finished_summary(run_dir)
+        if summary is not None:
+            return {**row, **_summary_fields(summary), "status": "ok", "skipped": True}
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if ckpt.checkpoint_dir(RunDir(run_dir).latest) is not None:
+            trainer = Trainer.resume(run_dir, quiet=True)
+        else:
+            trainer = _new_trainer(job, run_dir)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
+        return {
+            **row,
+            **_summary_fields(summary),
+            "status": "ok",
+            "skipped": False,
+            "seconds": time.perf_counter() - t0,
+        }
+    except Exception as e:  # a broken variant must not stop the study
+        return {
+            **row,
+            "status": "failed",
+            "error": f"{type(e).__name__}: {e}",
+            "skipped": False,
+            "seconds": time.perf_counter() - t0,
+        }
+
+
+def _new_trainer(job: Job, run_dir: Path) -> Trainer:
+    spec = resolve(job.preset, None, as_overrides(job.model) + as_overrides(job.train), job.data)
+    train = spec.train.replace(
+        seed=job.seed, extra={**spec.train.extra, "study_variant": job.variant}
+    )
+    if job.max_iters:
+        decay = train.lr_decay_iters
+        train = train.replace(
+            max_iters=job.max_iters,
+            lr_decay_iters=None if decay in (None, train.max_iters) else decay,
+        )
+    return Trainer.start(
+        run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True
+    )
+
+
+def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "val_loss": summary.get("final_val_loss"),
+        "best_val_loss": summary.get("best_val_loss"),
+        "iters": summary.get("iters"),
+        "wall_s": summary.get("train_seconds"),
+        "sec_per_step": summary.get("sec_per_step"),
+        "params": summary.get("params"),
+    }
+
+
+def score_cell(cell: Cell, threads: int | None = None) -> list[dict[str, float]]:
+    """Accuracy of every method of ``cell`` for each seed, reusing ``cell.known`` for the
+    first seeds."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    a = cell.args
+    return [*cell.known] + [
+        run_retrieval(
+            a["d"],
+            a["patterns"],
+            a["sigma"],
+            a["methods"],
+            rounds=a.get("rounds", 2),
+            gate=a.get("gate", "mlp"),
+            seed=s,
+            protocol=cell.protocol,
+            **cell.settings,
+        )
+        for s in cell.seeds[len(cell.known) :]
+    ]

@@ -1,0 +1,54 @@
+"""The interface of a study kind: ``run`` its units of work, then write its part of the report.
+
+``run_study`` (attnlab.studies.runner) looks a spec's ``kind`` up in ``attnlab.studies.kinds.KINDS``
+and writes the study folder from the kind's ``Outcome`` after every finished unit of work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from attnlab.studies.output import StudyDir
+from attnlab.studies.progress import Progress
+from attnlab.studies.spec import StudySpec
+
+
+@dataclass
+class Outcome:
+    """What a study has so far: the training runs and their comparisons (results.json), the
+    statistics per variant and the kind's own fields (study.json, in this order)."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Study:
+    """One invocation of a study: what to run, where, and whom to tell as it goes."""
+
+    spec: StudySpec
+    preset: str
+    out: StudyDir
+    seeds: list[int]
+    jobs: int  # units of work in parallel processes
+    data: str | Path | None  # the prepared data folder for every training run (None: the spec's)
+    progress: Progress | None
+    publish: Callable[[Outcome], object]  # rewrites the study folder from an outcome
+
+
+class StudyKind(Protocol):
+    """What one kind of study measures, how it runs and how it reports."""
+
+    def run(self, study: Study) -> Outcome:
+        """Compute (or resume) every unit of work, ``study.publish`` after each; the final outcome."""
+        ...
+
+    def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
+        """The kind's markdown lines of report.md from the written results.json and study.json
+        (``record``), drawing its figures into the study folder."""
+        ...

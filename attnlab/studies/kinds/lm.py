@@ -1,0 +1,191 @@
+"""Language-model studies: the final validation loss of every (variant, seed) training run.
+
+Seed ``s`` is the training seed of every variant, so paired runs see the same initial stream and
+the same batches; each comparison is a paired t-test over seeds, Holm-corrected over the study.
+A wall-clock-matched variant retrains its baseline for as many iterations as take the
+mechanism's time, so it runs after the others. Runs live in ``OUT/runs/<variant>/seed<s>``: a
+finished run is not retrained, an unfinished one resumes from its ``latest/`` checkpoint and a
+run that raises is recorded as failed (its error in results.json) while the others go on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnlab.data.prepare import load_dataset
+from attnlab.presets import get_preset
+from attnlab.studies.jobs import Job, run_all, train_one
+from attnlab.studies.kinds import lm_report
+from attnlab.studies.kinds.base import Outcome, Study
+from attnlab.studies.kinds.lm_analyses import run_analyses
+from attnlab.studies.progress import Tracker
+from attnlab.studies.spec import StudySpec, Variant
+from attnlab.studies.stats import holm, paired_comparison, summarize
+from attnlab.train.spec import default_data_for
+
+
+class LanguageModel:
+    """Training runs per (variant, seed), paired comparisons, the seed-0 analyses."""
+
+    def run(self, study: Study) -> Outcome:
+        """Every run, then the wall-clock-matched ones; publish after each finished run.
+
+        A wall-clock budget, once computed, is kept in study.json and reused when the study is
+        resumed, so every seed of a wall-clock-matched variant trains for the same iterations.
+        """
+        spec, seeds = study.spec, study.seeds
+        clocked = [n for n, v in spec.variants.items() if v.clock_of]
+        first = [n for n in spec.variants if n not in clocked]
+        tracker = Tracker(len(seeds) * len(spec.variants), study.progress, parallel=study.jobs)
+        runs: list[dict[str, Any]] = []
+        budgets: dict[str, dict[str, Any]] = {
+            k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
+        }
+
+        def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
+            runs.append(row)  # a run times itself: row["seconds"]
+            if row["status"] == "ok":
+                result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
+            else:
+                result = f"FAILED {row.get('error', '')}"
+            study.publish(_outcome(spec, runs, {"wallclock": budgets}))
+            what = f"{row['variant']} seed {row['seed']}"
+            tracker.done(what, result, row.get("seconds", 0), row["skipped"])
+
+        run_all(train_one, _jobs(study, first, {}), study.jobs, on_done)
+        for name in clocked:
+            v = spec.variants[name]
+            if name not in budgets:
+                budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
+                if budget is not None:
+                    budgets[name] = budget
+        iters = {k: b["iters"] for k, b in budgets.items()}
+        run_all(train_one, _jobs(study, list(budgets), iters), study.jobs, on_done)
+        for name in clocked:
+            if name not in budgets:
+                runs += [
+                    {
+                        "variant": name,
+                        "seed": s,
+                        "status": "failed",
+                        "run_dir": str(study.out.run_dir(name, s)),
+                        "error": "no finished runs to time the wall-clock budget from",
+                    }
+                    for s in seeds
+                ]
+        extra = {"wallclock": budgets, "analyses": run_analyses(study, runs)}
+        return _outcome(spec, runs, extra)
+
+    def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
+        return lm_report.sections(study, results, record)
+
+
+def _outcome(spec: StudySpec, runs: list[dict[str, Any]], extra: dict[str, Any]) -> Outcome:
+    if not runs:
+        return Outcome(extra=extra)
+    return Outcome(list(runs), compare(runs, spec), variant_stats(runs, spec), extra)
+
+
+def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Path | None) -> str:
+    """The prepared data folder a variant trains on, prepared here once (not in every worker)."""
+    chosen = data if data is not None else spec.scale(preset).data
+    if isinstance(chosen, dict):
+        folder = default_data_for(chosen)
+    elif chosen is not None:
+        folder = Path(chosen).expanduser()
+    else:
+        folder = default_data_for(get_preset(variant.preset).data)
+    return str(folder if folder is not None else load_dataset(None).dir)
+
+
+def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
+    """Seed-major order: every variant of seed 0, then of seed 1, ... so an unfinished study
+    already holds complete pairs."""
+    spec, preset = study.spec, study.preset
+    arms = []
+    for name in names:
+        variant = spec.variants[name]
+        model, train = spec.layered(variant, preset)
+        folder = _data_folder(spec, variant, preset, study.data)
+        arms.append((name, variant.preset, model, train, folder))
+    return [
+        Job(
+            name,
+            seed,
+            variant_preset,
+            model,
+            train,
+            folder,
+            str(study.out.run_dir(name, seed)),
+            budgets.get(name),
+        )
+        for seed in study.seeds
+        for name, variant_preset, model, train, folder in arms
+    ]
+
+
+def wallclock_budget(
+    runs: list[dict[str, Any]], baseline: str, mechanism: str
+) -> dict[str, Any] | None:
+    """Iterations for ``baseline`` that take as long as ``mechanism``'s runs (means over seeds).
+
+    ``iters = baseline iters * mechanism sec/step / baseline sec/step``; None when either arm
+    has no finished run to time.
+    """
+    base = [r for r in _finished(runs, baseline) if r.get("sec_per_step")]
+    mech = [r for r in _finished(runs, mechanism) if r.get("sec_per_step")]
+    if not base or not mech:
+        return None
+    base_sps = sum(r["sec_per_step"] for r in base) / len(base)
+    mech_sps = sum(r["sec_per_step"] for r in mech) / len(mech)
+    mech_iters = sum(r["iters"] for r in mech) / len(mech)
+    iters = max(1, round(mech_iters * mech_sps / base_sps))
+    return {
+        "baseline": baseline,
+        "mechanism": mechanism,
+        "baseline_sec_per_step": base_sps,
+        "mechanism_sec_per_step": mech_sps,
+        "ratio": mech_sps / base_sps,
+        "iters": iters,
+    }
+
+
+def _finished(runs: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
+    return [r for r in runs if r["variant"] == variant and r["status"] == "ok"]
+
+
+def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
+    """Paired t-test per comparison over the seeds where both arms finished, Holm over all."""
+    losses = {
+        (r["variant"], r["seed"]): r["val_loss"]
+        for r in runs
+        if r["status"] == "ok" and r.get("val_loss") is not None
+    }
+    rows = []
+    for comp in spec.comparisons:
+        seeds = sorted(s for (v, s) in losses if v == comp.variant and (comp.baseline, s) in losses)
+        stats = paired_comparison(
+            [losses[comp.variant, s] for s in seeds], [losses[comp.baseline, s] for s in seeds]
+        )
+        rows.append({"baseline": comp.baseline, "variant": comp.variant, **stats, "seeds": seeds})
+    for row, p in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        row["p_holm"] = p
+    return rows
+
+
+def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict[str, Any]]:
+    """Per variant: mean, std and 95 % CI of the final val loss, plus mean params and sec/step."""
+    out = {}
+    for name, variant in spec.variants.items():
+        ok = [r for r in _finished(runs, name) if r.get("val_loss") is not None]
+        out[name] = {
+            **summarize([r["val_loss"] for r in ok]),
+            "reference": variant.reference,
+            "description": variant.description,
+            "failed": sum(r["variant"] == name and r["status"] == "failed" for r in runs),
+            "params": ok[0]["params"] if ok else None,
+            "iters": ok[0]["iters"] if ok else None,
+            "sec_per_step": (sum(r["sec_per_step"] for r in ok) / len(ok)) if ok else None,
+        }
+    return out

@@ -1,0 +1,177 @@
+"""An lm study's own analyses of its first seed's runs, as the spec's ``params.analyses`` asks:
+per-position losses, the name test, boosting gates and attention entropy, each with its figure
+and its report section."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnlab.analysis import entropy, gates, names, per_position
+from attnlab.analysis.inputs import load_baseline, load_inputs
+from attnlab.errors import AttnlabError
+from attnlab.studies.kinds.base import Study
+from attnlab.studies.output import figure_link, run_label
+from attnlab.studies.report import md_table, num
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: its report title, its computation on run folders (with the scale's
+    ``params`` and the figure to draw) and its report lines from what it computed."""
+
+    title: str
+    compute: Callable[[list[str], dict[str, Any], Path], dict[str, Any]]
+    lines: Callable[[dict[str, Any]], list[str]]
+
+
+def run_analyses(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every analysis the spec asks for, on the runs of the first seed; one that cannot run (a
+    failed run, an unknown name) is reported with its reason instead of stopping the study."""
+    wanted = study.spec.params.get("analyses", {})
+    sizes = study.spec.scale(study.preset).params
+    seed = min((r["seed"] for r in runs), default=0)
+    done = {r["variant"]: r["run_dir"] for r in runs if r["seed"] == seed and r["status"] == "ok"}
+    results: dict[str, Any] = {}
+    for name, opts in wanted.items():
+        try:
+            missing = [v for v in opts["runs"] if v not in done]
+            if missing:
+                raise AttnlabError(f"no finished seed-{seed} run of {', '.join(missing)}")
+            png = f"{name}.png"
+            results[name] = {
+                "runs": opts["runs"],
+                "seed": seed,
+                "figure": figure_link(png),
+                **ANALYSES[name].compute(
+                    [done[v] for v in opts["runs"]], sizes, study.out.figure(png)
+                ),
+            }
+        except Exception as e:  # an analysis is an extra; the statistics stand without it
+            results[name] = {"runs": opts.get("runs"), "error": f"{type(e).__name__}: {e}"}
+    return results
+
+
+def sections(analyses: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, a in analyses.items():
+        analysis = ANALYSES.get(name)
+        title = analysis.title if analysis else name
+        lines += [f"## {title} ({' vs '.join(a.get('runs') or [])}, seed {a.get('seed', 0)})", ""]
+        if "error" in a:
+            lines += [f"Unavailable: `{a['error']}`.", ""]
+        elif analysis is not None:
+            lines += analysis.lines(a)
+    return lines
+
+
+def _per_position(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    cmp = per_position.compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
+    groups = per_position.groupings(cmp)
+    per_position.plot(groups, figure, run_label(runs[0]), run_label(runs[1]))
+    return {"by_region": groups["by_region"], "top": per_position.top_positions(cmp, 10)}
+
+
+def _per_position_lines(a: dict[str, Any]) -> list[str]:
+    regions = [
+        [
+            r["group"],
+            str(r["count"]),
+            num(r["loss_a"]),
+            num(r["loss_b"]),
+            num(r["b_minus_a"], "+.4f"),
+        ]
+        for r in a["by_region"]
+    ]
+    top = [
+        [
+            str(r["rank"]),
+            f"`{r['context']}`",
+            f"`{r['target']}`",
+            num(r["loss_a"]),
+            num(r["loss_b"]),
+        ]
+        for r in a["top"]
+    ]
+    return [
+        "Mean loss by region of the text (A = first run, B = second):",
+        "",
+        *md_table(["region", "targets", "loss A", "loss B", "B - A"], regions),
+        "Targets where B gains most over A:",
+        "",
+        *md_table(["rank", "context", "target", "loss A", "loss B"], top),
+        f"![loss difference by region, column and distance from a header]({a['figure']})",
+        "",
+    ]
+
+
+def _names(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    report = names.name_test(
+        runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
+    )
+    names.plot(report, figure)
+    return {"cast_size": report["cast_size"], "scores": list(report["runs"].values())}
+
+
+def _names_lines(a: dict[str, Any]) -> list[str]:
+    rows = [
+        [run, str(s["headers"]), str(s["canonical_headers"]), num(s["fraction_canonical"], ".3f")]
+        for run, s in zip(a["runs"], a["scores"], strict=True)
+    ]
+    return [
+        f"Speaker headers in generated samples against the {a['cast_size']} speakers of the "
+        "training text:",
+        "",
+        *md_table(["run", "headers", "canonical", "fraction canonical"], rows),
+        f"![speaker headers in generated samples]({a['figure']})",
+        "",
+    ]
+
+
+def _gates(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
+    means = gates.gate_means(inputs.model, inputs.x)
+    gates.plot(means, figure, run_label(runs[0]))
+    return {
+        "layers": [
+            {"layer": i, "mean": float(m.mean()), "std": float(m.std())}
+            for i, m in enumerate(means)
+        ]
+    }
+
+
+def _gates_lines(a: dict[str, Any]) -> list[str]:
+    rows = [[str(r["layer"]), num(r["mean"]), num(r["std"])] for r in a["layers"]]
+    return [
+        *md_table(["layer", "gate mean", "std over dims"], rows),
+        f"![gate per layer and dimension]({a['figure']})",
+        "",
+    ]
+
+
+def _entropy(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    inputs = load_inputs(runs[1], None, sizes.get("analysis_sequences", 50))
+    sources = {"standard": entropy.entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
+    for m, ent in enumerate(entropy.entropies(inputs.model, inputs.x)):
+        sources[f"round{m}"] = ent
+    entropy.plot(sources, figure, f"{run_label(runs[1])} vs {run_label(runs[0])}")
+    return {"rows": [r for r in entropy.summary_rows(sources) if r["layer"] == "all"]}
+
+
+def _entropy_lines(a: dict[str, Any]) -> list[str]:
+    rows = [[r["source"], num(r["mean"])] for r in a["rows"]]
+    return [
+        *md_table(["source", "mean entropy (nats)"], rows),
+        f"![attention entropy]({a['figure']})",
+        "",
+    ]
+
+
+ANALYSES = {
+    "per_position": Analysis("Per-position loss", _per_position, _per_position_lines),
+    "names": Analysis("Name test", _names, _names_lines),
+    "gates": Analysis("Boosting gates", _gates, _gates_lines),
+    "entropy": Analysis("Attention entropy", _entropy, _entropy_lines),
+}

@@ -1,0 +1,196 @@
+"""The report of an lm study: variants, comparisons, wall-clock matching, failed runs, the
+training curves (the seed's Figure 1) and the analyses of the first seed."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+from attnlab.plotting import legend_outside, pyplot, save_figure
+from attnlab.rundir import RunDir
+from attnlab.studies.kinds import lm_analyses
+from attnlab.studies.kinds.base import Study
+from attnlab.studies.output import figure_link
+from attnlab.studies.report import md_table, num, p_value
+
+CURVES = "curves.png"
+# line styles and markers cycle independently of colours, so coinciding curves stay visible
+_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    spec = study.spec
+    planned = len(record["seeds"]) * len(spec.variants)
+    finished = sum(r["status"] == "ok" for r in results["runs"])
+    lines = []
+    if finished < planned:
+        lines += [
+            f"**Partial: {finished} of {planned} runs finished.** Rerunning the command above "
+            "continues the study (an unfinished run resumes from its last checkpoint).",
+            "",
+        ]
+    lines += [
+        "## Variants",
+        "",
+        "Final validation loss of each run (the same fixed validation batches "
+        "for every run), over the seeds that finished.",
+        "",
+        *_variant_table(record["variants"]),
+        *_wallclock_lines(record),
+        "## Comparisons",
+        "",
+        "Paired by seed (same initial stream and batches): "
+        "`scipy.stats.ttest_rel(variant, baseline)` on final val losses; Holm-corrected over "
+        "this study's comparisons; wins = seeds where the variant's loss is lower.",
+        "",
+        *_comparison_table(results["comparisons"]),
+    ]
+    failed = [r for r in results["runs"] if r["status"] == "failed"]
+    if failed:
+        lines += [
+            "## Failed runs",
+            "",
+            *(f"- {r['variant']} seed {r['seed']}: `{r['error']}`" for r in failed),
+            "",
+        ]
+    if plot_curves(results["runs"], study.out.figure(CURVES), f"{spec.name}: validation loss"):
+        lines += [
+            "## Training curves",
+            "",
+            f"![validation loss against iteration]({figure_link(CURVES)})",
+            "",
+        ]
+    return lines + lm_analyses.sections(record.get("analyses", {}))
+
+
+def _variant_table(stats: dict[str, dict[str, Any]]) -> list[str]:
+    rows = []
+    for name, s in stats.items():
+        mean = s["mean"]
+        ppl = math.exp(mean) if mean is not None and math.isfinite(mean) else None
+        rows.append(
+            [
+                name,
+                s["description"],
+                f"{s['params']:,}" if s["params"] else "–",
+                f"{s['n']}" + (f" ({s['failed']} failed)" if s["failed"] else ""),
+                f"{num(mean)} ± {num(s['std'])}",
+                f"{num(s['ci95_low'])} – {num(s['ci95_high'])}",
+                num(ppl, ".3f"),
+                num(s["reference"]),
+                num(s["iters"], "d"),
+                num(1000 * s["sec_per_step"] if s["sec_per_step"] else None, ".1f"),
+            ]
+        )
+    header = ["variant", "what", "params", "seeds", "val loss mean ± std", "95 % CI", "ppl"]
+    return md_table([*header, "seed's value", "iters", "ms/step"], rows)
+
+
+def _wallclock_lines(record: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, b in record.get("wallclock", {}).items():
+        lines += [
+            f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per step of "
+            f"{b['baseline']} ({1000 * b['mechanism_sec_per_step']:.1f} vs "
+            f"{1000 * b['baseline_sec_per_step']:.1f} ms, mean over seeds), so `{name}` trains "
+            f"{b['baseline']} for {b['iters']} iterations.",
+            "",
+        ]
+    if record.get("wallclock") and record["jobs"] > 1:
+        lines += [
+            f"Runs shared the machine ({record['jobs']} at a time), so seconds per step include "
+            "contention; rerun with `--jobs 1` for clean wall-clock matching.",
+            "",
+        ]
+    return lines
+
+
+def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
+    rows = [
+        [
+            f"{c['variant']} vs {c['baseline']}",
+            str(c["n"]),
+            num(c["mean_diff"], "+.4f"),
+            num(c["ppl_change_pct"], "+.2f") + " %",
+            f"{num(c['t'], '.2f')} ({c['df']})",
+            p_value(c["p"]),
+            p_value(c["p_holm"]),
+            c["wins"],
+        ]
+        for c in comparisons
+    ]
+    return md_table(
+        ["comparison", "n", "mean diff", "ppl change", "t (df)", "p", "p Holm", "wins"], rows
+    )
+
+
+def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant, at each evaluated iteration every finished seed logged: the mean val loss
+    over seeds, its lowest and highest seed, and the number of seeds."""
+    per_variant: dict[str, list[dict[int, float]]] = {}
+    for r in runs:
+        path = RunDir(r["run_dir"]).metrics
+        if r["status"] != "ok" or not path.is_file():
+            continue
+        with path.open() as f:
+            points = {
+                int(row["iter"]): float(row["val_loss"])
+                for row in csv.DictReader(f)
+                if row.get("val_loss")
+            }
+        per_variant.setdefault(r["variant"], []).append(points)
+    curves = {}
+    for name, seeds in per_variant.items():
+        iters = sorted(set.intersection(*(set(s) for s in seeds)))
+        curves[name] = {
+            "iters": iters,
+            "mean": [sum(s[i] for s in seeds) / len(seeds) for i in iters],
+            "low": [min(s[i] for s in seeds) for i in iters],
+            "high": [max(s[i] for s in seeds) for i in iters],
+            "seeds": len(seeds),
+        }
+    return curves
+
+
+def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """The seed's Figure 1: val loss against iteration per variant, the mean over seeds as a
+    line and the spread between the lowest and highest seed as a band."""
+    curves = _curves(runs)
+    if not curves:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5), layout="constrained")
+    for i, (name, c) in enumerate(curves.items()):
+        colour = f"C{i % 10}"
+        ax.plot(
+            c["iters"],
+            c["mean"],
+            color=colour,
+            ls=_STYLES[i % len(_STYLES)],
+            marker=_MARKERS[i % len(_MARKERS)],
+            ms=4,
+            mfc="none",
+            label=f"{name} (mean of {c['seeds']} seed{'s' if c['seeds'] > 1 else ''})",
+        )
+        if c["seeds"] > 1:
+            ax.fill_between(c["iters"], c["low"], c["high"], color=colour, alpha=0.15, lw=0)
+    # the first eval (iter 0) is near log(vocab) and would flatten everything after it
+    later = [
+        v for c in curves.values() for i, v in zip(c["iters"], c["high"], strict=True) if i > 0
+    ]
+    later += [v for c in curves.values() for i, v in zip(c["iters"], c["low"], strict=True) if i]
+    if later:
+        lo, hi = min(later), max(later)
+        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
+    ax.set(
+        xlabel="iteration",
+        ylabel="validation loss (nats per token)",
+        title=f"{title}\nline: mean over seeds; band: lowest to highest seed",
+    )
+    ax.grid(alpha=0.3)
+    legend_outside(fig, [ax], ncol=2)
+    save_figure(fig, path)
+    return True

@@ -1,0 +1,51 @@
+"""Overhead studies: seconds per training step (forward, backward, optimizer step) against
+width for every mechanism against vanilla, timed interleaved (the kv-bias seed's Figure 2)
+through ``attnlab bench overhead``'s timer. One measurement, no seeds to pair."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from attnlab.bench import overhead
+from attnlab.studies.kinds.base import Outcome, Study
+from attnlab.studies.output import figure_link
+
+FIGURE = "overhead.png"
+
+
+class Overhead:
+    """One interleaved timing of every mechanism at every width."""
+
+    def run(self, study: Study) -> Outcome:
+        opts = {**study.spec.params, **study.spec.scale(study.preset).params}
+        rows, missing = overhead.measure(**opts)
+        title = (
+            f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, "
+            f"block {opts.get('block', 256)}, {opts.get('reps', 5)} interleaved reps"
+        )
+        overhead.plot(rows, str(study.out.figure(FIGURE)), title)
+        extra = {
+            "overhead": [asdict(r) for r in rows],
+            "overhead_table": overhead.table(rows),
+            "unavailable": missing,
+        }
+        return Outcome(extra=extra)
+
+    def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
+        lines = [
+            "## Step time against width",
+            "",
+            "Forward + backward + AdamW step on random data, all models of one width timed "
+            "interleaved; ratio = median of per-repetition ratios to vanilla.",
+            "",
+            "```",
+            record["overhead_table"],
+            "```",
+            "",
+            f"![step time and overhead against width]({figure_link(FIGURE)})",
+            "",
+        ]
+        if record["unavailable"]:
+            lines += [f"Not available in this build: {', '.join(record['unavailable'])}.", ""]
+        return lines

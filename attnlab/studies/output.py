@@ -1,0 +1,105 @@
+"""The study folder, owned here: its layout and every read and write of its files.
+
+A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
+
+    results.json   the training runs (RUN_FIELDS each) and the paired comparisons between them
+    results.csv    the same runs, one row each
+    study.json     what ran (spec, preset, seeds, command, commit) and the kind's own results
+    report.md      the report; figures/ holds the PNGs it embeds by relative path
+    runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
+
+Retrieval and overhead studies train nothing: their results.json and results.csv have no runs.
+The JSON files are strict: a NaN (t and p of a single pair) is written as null.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from attnlab.fsutil import write_json
+
+RESULTS_JSON = "results.json"
+RESULTS_CSV = "results.csv"
+STUDY_JSON = "study.json"
+REPORT = "report.md"
+FIGURES = "figures"
+RUNS = "runs"
+# the columns of results.csv and the keys of each run in results.json
+RUN_FIELDS = (
+    "variant",
+    "seed",
+    "val_loss",
+    "iters",
+    "wall_s",
+    "status",
+    "sec_per_step",
+    "best_val_loss",
+    "params",
+    "error",
+    "run_dir",
+)
+
+
+class StudyDir:
+    """A study folder: the paths in it and the writes of its files (each one atomic)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def run_dir(self, variant: str, seed: int) -> Path:
+        return self.path / RUNS / variant / f"seed{seed}"
+
+    def figure(self, name: str) -> Path:
+        """Where the figure ``name`` is drawn (its folder is made when it is saved)."""
+        return self.path / figure_link(name)
+
+    def previous(self) -> dict[str, Any]:
+        """study.json of an earlier invocation ({} if none or unreadable)."""
+        try:
+            return json.loads((self.path / STUDY_JSON).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write_results(self, results: dict[str, Any], study: dict[str, Any]) -> None:
+        """results.json, results.csv (the runs of ``results``) and study.json."""
+        write_json(self.path / RESULTS_JSON, _nan_to_none(results))
+        tmp = self.path / f"{RESULTS_CSV}.tmp"
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
+            writer.writeheader()
+            writer.writerows(results["runs"])
+        tmp.replace(self.path / RESULTS_CSV)
+        write_json(self.path / STUDY_JSON, _nan_to_none(study))
+
+    def write_report(self, text: str) -> Path:
+        path = self.path / REPORT
+        path.write_text(text)
+        return path
+
+
+def figure_link(name: str) -> str:
+    """The figure ``name`` as report.md and study.json refer to it (relative to the folder)."""
+    return f"{FIGURES}/{name}"
+
+
+def run_label(run_dir: str | Path) -> str:
+    """A run folder ``OUT/runs/<variant>/seed<s>`` as "<variant> seed <s>" for figure titles."""
+    path = Path(run_dir)
+    return f"{path.parent.name} seed {path.name.removeprefix('seed')}"
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_nan_to_none(v) for v in x]
+    return x

@@ -1,0 +1,44 @@
+"""Progress of a study: one line per finished unit of work (a run, a table cell) with an ETA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# Receives one human-readable line per finished run or table cell (the CLI passes print).
+Progress = Callable[[str], None]
+
+
+class Tracker:
+    """Counts finished units of work and reports each as one line with what is left and an ETA.
+
+    The ETA averages the units actually computed in this invocation (not ones found finished)
+    and divides by how many run at a time.
+    """
+
+    def __init__(self, total: int, progress: Progress | None, parallel: int = 1) -> None:
+        self.total, self.progress, self.parallel = total, progress, parallel
+        self.finished = self.computed = 0
+        self.seconds = 0.0
+
+    def done(self, what: str, result: str, seconds: float, cached: bool = False) -> None:
+        self.finished += 1
+        if not cached:
+            self.computed += 1
+            self.seconds += seconds
+        if self.progress is None:
+            return
+        left = self.total - self.finished
+        eta = ""
+        if left and self.computed:
+            eta = f", ETA {_duration(self.seconds / self.computed * left / self.parallel)}"
+        took = "finished earlier" if cached else f"{_duration(seconds)}"
+        self.progress(f"[{self.finished}/{self.total}] {what}: {result} ({took}); {left} left{eta}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
