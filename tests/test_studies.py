@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from scipy import stats
 
 from attnlab.errors import AttnlabError
+from attnlab.studies import output
 from attnlab.studies import spec as spec_format
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.runner import run_study
@@ -294,3 +296,36 @@ def test_unknown_kind_is_refused_in_one_line(tmp_path: Path) -> None:
         "choose one of lm, overhead, retrieval"
     ]
     assert not out.exists()  # nothing written
+
+
+def _code_strings(path: Path) -> list[str]:
+    """Every string constant of ``path``'s code, f-string parts included, docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_only_the_output_module_names_the_study_files() -> None:
+    """results.json, results.csv, study.json and report.md are spelled as paths in one module."""
+    names = (output.RESULTS_JSON, output.RESULTS_CSV, output.STUDY_JSON, output.REPORT)
+    owner = ROOT / "attnlab" / "studies" / "output.py"
+    spelled = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "attnlab").rglob("*.py")
+        for s in _code_strings(path)
+        if any(s == n or s.endswith("/" + n) for n in names)
+    }
+    assert spelled == {str(owner.relative_to(ROOT))}

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.study or not args.out:
         raise AttnlabError("give a study (name or TOML file) and --out DIR, or --list")
+    from attnlab.studies.output import StudyDir
     from attnlab.studies.runner import run_study
 
     spec = load_spec(args.study)
@@ -69,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(r["status"] == "failed" for r in result["runs"])
     print(
         f"study {spec.name} ({args.preset}): {len(result['runs'])} runs, {failed} failed; "
-        f"report in {args.out}/report.md"
+        f"report in {StudyDir(args.out).report}"
     )
     return 1 if failed else 0

@@ -53,6 +53,10 @@ class StudyDir:
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT
+
     def run_dir(self, variant: str, seed: int) -> Path:
         return self.path / RUNS / variant / f"seed{seed}"
 
@@ -78,10 +82,8 @@ class StudyDir:
         tmp.replace(self.path / RESULTS_CSV)
         write_json(self.path / STUDY_JSON, _nan_to_none(study))
 
-    def write_report(self, text: str) -> Path:
-        path = self.path / REPORT
-        path.write_text(text)
-        return path
+    def write_report(self, text: str) -> None:
+        self.report.write_text(text)
 
 
 def figure_link(name: str) -> str:
