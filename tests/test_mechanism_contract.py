@@ -3,8 +3,10 @@
 Each mechanism module declares a ``SPEC`` (attnlab.model.mechanisms.Mechanism); these tests hold
 every SPEC to what it claims: its example config turns it (and only it) on, the config survives
 a JSON round trip, its choices and rules refuse bad fields with one-line ConfigErrors, cached
-decoding equals the full forward, a zero gate (where the mechanism has one) is exactly plain
-attention, and the bench variants and parameter claims are true. A toy
+decoding equals the full forward, the TorchScript and ONNX exports give PyTorch's logits,
+torch.compile decodes without recompiling, a zero gate (where the mechanism has one) is exactly
+plain attention, and the bench variants and parameter claims are true. The ONNX and compile
+checks take tens of seconds a model, so they are marked slow. A toy
 mechanism registered from one file (tests/toy_mechanism.py) passes the same checks.
 """
 
@@ -13,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +29,10 @@ from conftest import tiny_model
 from attnlab import GPT
 from attnlab.config import CHOICES, MECHANISM_CHECKS, ModelConfig
 from attnlab.errors import ConfigError
+from attnlab.export.onnx import ONNX_FILE, OnnxLM, write_onnx
+from attnlab.export.torchscript import write_torchscript
 from attnlab.model import mechanisms
+from attnlab.model.generation import compile_for_decoding
 from attnlab.model.mechanisms import REGISTRY, Mechanism
 
 ALL = "all"
@@ -171,24 +178,105 @@ def check_validation(name: str) -> None:
         assert refused(**rule.example) == rule.message.format(**values)
 
 
+def lively(name: str) -> GPT:
+    """The example model with every weight ~ N(0, 0.2): logits far from zero (a parity test on
+    near-zero logits would prove little), and no mechanism left at its identity init."""
+    model = build(tiny_model(**example(name)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+def parity_input() -> torch.Tensor:
+    """[3, 13]: another shape than the [2, 8] the graphs are traced with."""
+    return torch.randint(0, 96, (3, 13), generator=torch.Generator().manual_seed(5))
+
+
+def full_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(idx, all_logits=True)[0]
+    assert logits.std() > 0.1
+    return logits
+
+
+def check_torchscript_parity(name: str) -> None:
+    """The traced TorchScript archive gives PyTorch's logits."""
+    model, idx = lively(name), parity_input()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_torchscript(model, Path(tmp) / "model.pt")
+        traced = torch.jit.load(str(Path(tmp) / "model.pt"))
+    with torch.no_grad():
+        got = traced(idx)
+    torch.testing.assert_close(got, full_logits(model, idx), atol=1e-5, rtol=0)
+
+
+def check_onnx_parity(name: str) -> None:
+    """The ONNX graph in onnxruntime gives PyTorch's logits, in one call and through its cache."""
+    pytest.importorskip("onnx", reason="ONNX export needs the onnx package")
+    pytest.importorskip("onnxruntime", reason="ONNX parity runs the graph in onnxruntime")
+    model, idx = lively(name), parity_input()
+    ref = full_logits(model, idx)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_onnx(model, Path(tmp) / ONNX_FILE)
+        lm = OnnxLM(Path(tmp) / ONNX_FILE, model.config)
+        cache = lm.new_cache()
+        steps = [lm(idx[:, :9], cache=cache)[0], lm(idx[:, 9:10], cache=cache)[0]]
+        steps.append(lm(idx[:, 10:], cache=cache)[0])
+        whole = lm.logits(idx)
+    torch.testing.assert_close(whole, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(steps, dim=1), ref, atol=1e-5, rtol=0)
+
+
+def check_no_recompiles(name: str) -> None:
+    """Compiled decoding equals eager decoding, and after the warm-up nothing recompiles."""
+    from torch._dynamo.utils import counters
+
+    config = tiny_model(**example(name))
+    eager, compiled = build(config), compile_for_decoding(build(config))
+    graphs = counters["stats"]["unique_graphs"]
+    prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(3))
+    for use_cache in (True, False):
+        out = compiled.generate(prompt, 40, temperature=0.0, use_cache=use_cache)  # past block 32
+        assert torch.equal(out, eager.generate(prompt, 40, temperature=0.0, use_cache=use_cache))
+    assert counters["stats"]["unique_graphs"] == graphs, "decoding recompiled after the warm-up"
+
+
 CHECKS = [
     check_spec,
     check_config_round_trip,
     check_validation,
     check_cached_decoding,
     check_zero_gate,
+    check_torchscript_parity,
+    check_onnx_parity,
+    check_no_recompiles,
+]
+SLOW = {check_onnx_parity, check_no_recompiles}
+# the checks that also run on every mechanism at once
+COMPOSABLE = [
+    check_config_round_trip,
+    check_cached_decoding,
+    check_torchscript_parity,
+    check_onnx_parity,
+    check_no_recompiles,
 ]
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def cases(checks: list) -> list:
+    return [
+        pytest.param(c, id=c.__name__, marks=[pytest.mark.slow] if c in SLOW else [])
+        for c in checks
+    ]
+
+
+@pytest.mark.parametrize("check", cases(CHECKS))
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_mechanism(name: str, check) -> None:
     check(name)
 
 
-@pytest.mark.parametrize(
-    "check", [check_config_round_trip, check_cached_decoding], ids=lambda c: c.__name__
-)
+@pytest.mark.parametrize("check", cases(COMPOSABLE))
 def test_all_mechanisms_composed(check) -> None:
     check(ALL)
 
@@ -234,8 +322,8 @@ def with_toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mechanisms, "REGISTRY", (*mechanisms.REGISTRY, "toy"))
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", cases(CHECKS))
 def test_a_toy_mechanism_from_one_file_passes(with_toy, check) -> None:
     check("toy")
-    if check in (check_config_round_trip, check_cached_decoding):
+    if check in COMPOSABLE:
         check(ALL)  # and composed with every real mechanism

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.export.trace import INPUT, OUTPUT, quiet_logger
+from attnlab.model.generation import stream
 from attnlab.train import checkpoint as ckpt
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model-int8.onnx"
@@ -215,15 +217,11 @@ class OnnxLM:
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
         """Like GPT.generate (same sampling code, same KV cache use)."""
-        from attnlab.model.generation import stream
-
         return torch.cat([idx.cpu(), *stream(self, idx.cpu(), max_new_tokens, **kwargs)], dim=1)
 
 
 def load_onnx(path: str | Path, int8: bool = False) -> tuple[OnnxLM, Any | None]:
     """(OnnxLM, tokenizer or None) from an exported folder's model.onnx (or model-int8.onnx)."""
-    from attnlab.data.tokenizer import Tokenizer
-
     folder = Path(path).expanduser()
     file = folder / (INT8_FILE if int8 else ONNX_FILE)
     if not file.is_file():
