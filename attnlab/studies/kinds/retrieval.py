@@ -25,40 +25,18 @@ class Retrieval:
 
     def run(self, study: Study) -> Outcome:
         """Every cell not scored before, ``study.jobs`` at a time; publish after each cell."""
-        spec, seeds = study.spec, study.seeds
-        scale = spec.scale(study.preset).params
-        protocols: dict[str, dict[str, Any]] = spec.params.get("protocols", {"attnlab": {}})
-        base = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
+        seeds = study.seeds
+        tables, cells, slots = _layout(study)
         earlier = {
             (t["title"], c["column"], name): entry
             for t in study.out.previous().get("tables", [])
             for c in t.get("cells", [])
             for name, entry in c.get("protocols", {}).items()
         }
-        tables, cells, slots = [], [], []
-        for table in spec.params.get("tables", []):
-            rows: list[dict[str, Any]] = []
-            tables.append(
-                {
-                    "title": table["title"],
-                    "rows": table.get("rows", {}),
-                    "cells": rows,
-                    "baseline": table.get("baseline"),
-                }
-            )
-            for spec_cell in table["cells"]:
-                args = {**table.get("defaults", {}), **spec_cell.get("args", {})}
-                row = {"column": spec_cell["column"], "args": args, "protocols": {}}
-                row["paper"] = spec_cell.get("paper", {})
-                row["repo_paper"] = spec_cell.get("repo_paper", {})
-                rows.append(row)
-                for protocol, extra in protocols.items():
-                    settings = {**base, **extra}
-                    cells.append(
-                        Cell(table["title"], row["column"], protocol, args, settings, tuple(seeds))
-                    )
-                    slots.append(row["protocols"])
         tracker = Tracker(len(cells), study.progress)
+
+        def outcome() -> Outcome:
+            return Outcome(extra={"tables": with_comparisons(tables)})
 
         def record(k: int, per_seed: list[dict[str, float]], seconds: float, cached: bool) -> None:
             cell = cells[k]
@@ -70,7 +48,7 @@ class Retrieval:
                 "per_seed": per_seed,
             }
             if not cached:
-                study.publish(Outcome(extra={"tables": with_comparisons(tables)}))
+                study.publish(outcome())
             result = ", ".join(f"{m} {st['mean']:.1f} %" for m, st in stats.items())
             where = f"{cell.table.split(':')[0]} {cell.column} ({cell.protocol})"
             tracker.done(where, result, seconds, cached)
@@ -85,17 +63,49 @@ class Retrieval:
                 cells[k] = replace(cell, known=tuple(known))
                 todo.append(k)
         # study.json is where scored cells live: never rewrite it with fewer than were found
-        study.publish(Outcome(extra={"tables": with_comparisons(tables)}))
+        study.publish(outcome())
         run_all(
             score_cell,
             [cells[k] for k in todo],
             study.jobs,
             lambda i, per_seed, seconds: record(todo[i], per_seed, seconds, cached=False),
         )
-        return Outcome(extra={"tables": with_comparisons(tables)})
+        return outcome()
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         return retrieval_report.sections(study, record)
+
+
+def _layout(study: Study) -> tuple[list[dict[str, Any]], list[Cell], list[dict[str, Any]]]:
+    """The tables of study.json (their cells' ``protocols`` still empty), every cell to score
+    and, for each cell, the ``protocols`` slot of its table column where its result goes."""
+    spec = study.spec
+    scale = spec.scale(study.preset).params
+    protocols: dict[str, dict[str, Any]] = spec.params.get("protocols", {"attnlab": {}})
+    base = dict(queries=scale.get("queries", 5000), steps=scale.get("steps", 150))
+    tables, cells, slots = [], [], []
+    for table in spec.params.get("tables", []):
+        rows: list[dict[str, Any]] = []
+        tables.append(
+            {
+                "title": table["title"],
+                "rows": table.get("rows", {}),
+                "cells": rows,
+                "baseline": table.get("baseline"),
+            }
+        )
+        for spec_cell in table["cells"]:
+            args = {**table.get("defaults", {}), **spec_cell.get("args", {})}
+            row = {"column": spec_cell["column"], "args": args, "protocols": {}}
+            row["paper"] = spec_cell.get("paper", {})
+            row["repo_paper"] = spec_cell.get("repo_paper", {})
+            rows.append(row)
+            for protocol, extra in protocols.items():
+                settings = {**base, **extra}
+                seeds = tuple(study.seeds)
+                cells.append(Cell(table["title"], row["column"], protocol, args, settings, seeds))
+                slots.append(row["protocols"])
+    return tables, cells, slots
 
 
 def with_comparisons(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
