@@ -33,13 +33,19 @@ def quiet_broken_pipe() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def compile_announced(model: Any) -> Any:
+def compile_announced(model: Any, recompute: bool = False) -> Any:
     """compile_for_decoding, saying on stderr that it is compiling and how long it took."""
     from attnlab.model.generation import compile_for_decoding
 
-    print("compiling the model for decoding (torch.compile) ...", file=sys.stderr, flush=True)
+    what = "decoding step and the full forward" if recompute else "decoding step"
+    print(
+        f"compiling the {what} (torch.compile; slow the first time, then served from "
+        "torch's compile cache) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     started = time.perf_counter()
-    model = compile_for_decoding(model)
+    model = compile_for_decoding(model, recompute)
     print(f"compiled in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return model
 

@@ -7,7 +7,6 @@ shift every step, so from then on each step recomputes the cropped window (as na
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterator
 
@@ -103,7 +102,9 @@ def stream(
         if use_cache and idx.size(1) <= block_size:
             if cache is None:
                 cache = model.new_cache()
-                logits, _ = model(idx, cache=cache)
+                # the prompt runs once: eagerly, so a compiled model needs no graph for it
+                with torch.compiler.set_stance("force_eager"):
+                    logits, _ = model(idx, cache=cache)
             else:
                 logits, _ = model(idx[:, -1:], cache=cache)
         else:
@@ -120,22 +121,29 @@ def stream(
             return
 
 
-def compile_for_decoding(model: torch.nn.Module) -> torch.nn.Module:
-    """Compile ``model`` in place (``nn.Module.compile``) for the shapes decoding uses; returns it.
+def compile_for_decoding(model: torch.nn.Module, recompute: bool = False) -> torch.nn.Module:
+    """Compile ``model`` in place (``nn.Module.compile``) for decoding, warm it up, and return it.
 
-    Eager decoding of a small model is bound by per-op dispatch, not arithmetic: a cached step at
-    6 x 128 runs about 80 kernels of a few microseconds each. Inductor fuses the elementwise ops
-    and drops the module overhead, which about halves a cached step on a CPU. ``dynamic=True``
-    lets one graph serve every prompt and cache length instead of one per position. Compiling
-    takes tens of seconds on a laptop CPU, so it pays off for long or repeated generation.
+    Eager decoding of a small model is bound by per-op dispatch, not arithmetic: Inductor fuses
+    the elementwise ops and drops the module overhead. Only the one-token KV-cached step is
+    compiled up front: ``dynamic=True`` lets one graph serve every cache length from position 1
+    on, and ``stream`` runs the prompt eagerly, so a plain generation needs exactly one graph.
+    ``recompute`` also warms the cache-free forward (``use_cache=False``, and the sliding window
+    once a generation outgrows block_size); otherwise that path compiles on first use. Graphs
+    land in torch's on-disk compile cache, so later runs of the same model start much faster.
     """
-    model.compile(dynamic=True)
+    # a decoding step's elementwise kernels work on one position, too few values for SIMD to
+    # pay: compiling them scalar halves the C++ compile time and costs no speed (the matmuls
+    # are library calls either way)
+    model.compile(dynamic=True, options={"cpp.vec_isa_ok": False})
     device = next(model.parameters()).device
     try:
-        # the compiler specialises sizes 0 and 1: decode a few tokens down each path
-        for prompt, use_cache in itertools.product((1, 2), (True, False)):
-            idx = torch.zeros((1, prompt), dtype=torch.long, device=device)
-            generate(model, idx, 3, temperature=0.0, use_cache=use_cache)
+        idx = torch.zeros((1, 1), dtype=torch.long, device=device)
+        generate(model, idx, 3, temperature=0.0)  # steps at cache lengths 1 and 2 (0 and 1 are
+        # specialised by the compiler, so this covers the generic graph)
+        if recompute:  # the cache-free forward: one graph for a single position, one for more
+            for prompt in (1, 2):
+                generate(model, idx.repeat(1, prompt), 2, temperature=0.0, use_cache=False)
     except Exception as e:  # inductor needs a C++ compiler on CPU, triton on GPU
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise AttnlabError(
