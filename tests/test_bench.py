@@ -169,6 +169,25 @@ def test_bench_generate_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_bench_threads_applied_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--threads sets torch's intra-op threads for the run and the header says how many."""
+    monkeypatch.setattr(
+        torch, "set_num_threads", lambda n: monkeypatch.setattr(torch, "get_num_threads", lambda: n)
+    )
+    out = bench(capsys, "generate", "--quick", "--threads", "1", "--out", str(tmp_path / "g.png"))
+    assert ", 1 CPU threads" in out.splitlines()[1]
+    before = sorted(tmp_path.iterdir())
+    assert (
+        main(["bench", "generate", "--quick", "--threads", "0", "--out", str(tmp_path / "x.png")])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["attnlab bench: error: --threads must be at least 1, got 0"]
+    assert sorted(tmp_path.iterdir()) == before
+
+
 @pytest.mark.slow
 def test_bench_generate_compiled_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = bench(capsys, "generate", "--quick", "--compile", "--out", str(tmp_path / "g.png"))

@@ -104,7 +104,7 @@ def test_gqa_shapes_and_cache_holds_kv_heads() -> None:
         for slot in ("r0.k", "r0.v"):
             # block_size positions plus the spare slot LayerCache keeps for torch.compile
             shape = (3, cfg.n_kv_head, cfg.block_size + 1, cfg.head_dim)
-            assert layer._buffers[slot].shape == shape
+            assert layer.buffers[slot].shape == shape
     with pytest.raises(ValueError, match="n_kv_head"):
         tiny_model(n_kv_head=3)
 

@@ -44,7 +44,7 @@ def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
     cache = model.new_cache()
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
-    return [[(name, buf.size(1)) for name, buf in layer._buffers.items()] for layer in cache.layers]
+    return [[(name, buf.size(1)) for name, buf in layer.buffers.items()] for layer in cache.layers]
 
 
 def slot_label(slot: str) -> str:

@@ -30,23 +30,29 @@ class LayerCache:
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._lengths: dict[str, int] = {}
+        self._slots: dict[str, list] = {}  # name -> [buffer, filled length]
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Each slot's buffer (the ONNX export reads which slots a model fills)."""
+        return {name: slot[0] for name, slot in self._slots.items()}
 
     def extend(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """Append x [B, H, T, D] along T to slot ``name``; return everything cached so far."""
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[:2] != x.shape[:2] or buf.dtype != x.dtype:
+        slot = self._slots.get(name)
+        if slot is None or slot[0].size(0) != x.size(0) or slot[0].dtype != x.dtype:
             # one spare slot: the filled part never spans the whole buffer, so torch.compile
             # has no "cache exactly full" case to specialise (and recompile) for
-            buf = x.new_empty(x.size(0), x.size(1), self.max_len + 1, x.size(3))
-            self._buffers[name], self._lengths[name] = buf, 0
-        start = self._lengths[name]
+            slot = self._slots[name] = [
+                x.new_empty(x.size(0), x.size(1), self.max_len + 1, x.size(3)),
+                0,
+            ]
+        buf, start = slot
         end = start + x.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions > block_size {self.max_len}")
         buf.narrow(2, start, x.size(2)).copy_(x)  # narrow: cheaper per step than __setitem__
-        self._lengths[name] = end
+        slot[1] = end
         return buf.narrow(2, 0, end)
 
 

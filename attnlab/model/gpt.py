@@ -33,7 +33,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = make_norm(config)
         self.mlp = make_mlp(config)
-        if config.ffn_sublayers == 2:  # the QKVE seed's "deep SwiGLU"
+        self.deep = config.ffn_sublayers == 2  # the QKVE seed's "deep SwiGLU"
+        if self.deep:
             self.ln_3 = make_norm(config)
             self.mlp2 = make_mlp(config)
         self.hooks = attach(self, config, "block")
@@ -51,13 +52,13 @@ class Block(nn.Module):
         if self.pre_norm:
             x = x + self.attn(self.ln_1(x), ctx)
             x = x + self.mlp(self._ffn_input(self.ln_2(x), ctx))
-            if hasattr(self, "mlp2"):
+            if self.deep:
                 x = x + self.mlp2(self.ln_3(x))
             return x
         # Post-LN (original Transformer): normalise after each residual add
         x = self.ln_1(x + self.attn(x, ctx))
         x = self.ln_2(x + self.mlp(self._ffn_input(x, ctx)))
-        if hasattr(self, "mlp2"):
+        if self.deep:
             x = self.ln_3(x + self.mlp2(x))
         return x
 
@@ -136,10 +137,9 @@ class GPT(nn.Module):
             )
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:
-            pos = position_ids
-            if pos is None:
-                pos = torch.arange(start, start + t, dtype=torch.long, device=idx.device)
-            x = x + self.transformer.wpe(pos)
+            wpe = self.transformer.wpe
+            # consecutive positions are a slice of the table: the lookup without an index tensor
+            x = x + (wpe.weight[start : start + t] if position_ids is None else wpe(position_ids))
         if self.training:  # dropout is the identity in eval mode
             x = self.transformer.drop(x)
         ctx = Context(start=start, cache=cache, rotary=self.rotary, stats=stats, capture=capture)

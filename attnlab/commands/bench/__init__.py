@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 from attnlab.cli import register_all
+from attnlab.errors import AttnlabError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,13 +25,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
-    """``func`` with its --device checked first (one line naming the valid choices)."""
+    """``func`` with its --device checked first (one line naming the valid choices) and its
+    --threads applied."""
 
     def run(args: argparse.Namespace) -> int:
         from attnlab.device import resolve_device
 
         if getattr(args, "device", None) is not None:
             args.device = str(resolve_device(args.device))
+        threads = getattr(args, "threads", None)
+        if threads is not None:
+            if threads < 1:
+                raise AttnlabError(f"--threads must be at least 1, got {threads}")
+            import torch
+
+            torch.set_num_threads(threads)
         return func(args)
 
     return run
@@ -39,12 +48,17 @@ def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
 def add_timing_args(
     p: argparse.ArgumentParser, reps: int, reps_help: str, compile_help: str, quick_help: str
 ) -> None:
-    """--reps, --warmup, --device, --compile and --quick: what every timed benchmark takes."""
+    """--reps, --warmup, --device, --compile, --quick and --threads: what every timed benchmark takes."""
     p.add_argument("--reps", type=int, default=reps, help=reps_help)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help=compile_help)
     p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads per op (default: torch's choice; the header says what was used)",
+    )
 
 
 def figure_path(out: str | None, name: str, quick: bool) -> str:

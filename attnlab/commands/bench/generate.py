@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from attnlab.bench import generate, overhead, train
 
     cfg, _ = train.bench_config(args.preset)
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"preset {args.preset}: {cfg.n_layer} layers, n_embd {cfg.n_embd}, {tokens} tokens, greedy, "
-        f"batch 1, {reps} reps, {args.device}{', compiled' if args.compile else ''}"
+        f"batch 1, {reps} reps, {args.device}{', compiled' if args.compile else ''}, "
+        f"{torch.get_num_threads()} CPU threads"
     )
     print(generate.table(rows))
     for name in missing:
