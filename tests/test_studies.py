@@ -282,7 +282,7 @@ def test_every_kind_a_spec_may_name_has_one_implementation() -> None:
     assert sorted(KINDS) == sorted(spec_format.KINDS) == ["lm", "overhead", "retrieval"]
     assert {load_spec(name).kind for name, _ in list_studies()} == set(KINDS)
     for kind in KINDS.values():
-        assert callable(kind.run) and callable(kind.sections)
+        assert callable(kind.check) and callable(kind.run) and callable(kind.sections)
 
 
 def test_unknown_kind_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -296,6 +296,21 @@ def test_unknown_kind_is_refused_in_one_line(tmp_path: Path) -> None:
         "choose one of lm, overhead, retrieval"
     ]
     assert not out.exists()  # nothing written
+
+
+def test_overhead_study_refuses_an_unknown_variant_before_writing(tmp_path: Path) -> None:
+    """A mechanism label no SPEC declares (here the old "value gate") is one line, nothing written."""
+    spec = (ROOT / "attnlab/studies/specs/overhead.toml").read_text()
+    spec_file = tmp_path / "overhead.toml"
+    spec_file.write_text(re.sub(r"mechanisms = \[.*\]", 'mechanisms = ["value gate"]', spec))
+    out = tmp_path / "out"
+    proc = run_cli("study", str(spec_file), "--preset", "ci", "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "attnlab study: error: unknown benchmark variant 'value gate'; did you mean 'value-gate'? "
+        "known: kv-bias, kv-bias-detached, value-gate, twicing, boosted"
+    ]
+    assert not out.exists()
 
 
 def _code_strings(path: Path) -> list[str]:

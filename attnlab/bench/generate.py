@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from attnlab.bench._timing import format_table, interleaved
-from attnlab.bench.overhead import available, bench_variants
+from attnlab.bench.overhead import available, bench_variants, check_variants
 from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding, stream
 from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
@@ -78,6 +78,7 @@ def measure(
     base = base.replace(block_size=max(base.block_size, tokens + 1), dropout=0.0)
     fields = bench_variants()
     names = mechanisms or list(fields)
+    check_variants(names)
     missing = [n for n in names if not available(n, base)]
     variants = {"vanilla": {}, **{n: fields[n] for n in names if n not in missing}}
     rows = []

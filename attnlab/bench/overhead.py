@@ -10,6 +10,7 @@ All models of one width run interleaved.
 
 from __future__ import annotations
 
+import difflib
 import math
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from attnlab.bench._timing import (
     train_step,
 )
 from attnlab.config import ModelConfig
+from attnlab.errors import AttnlabError
 from attnlab.model import GPT, mechanisms
 from attnlab.plotting import legend_outside, pyplot, save_figure
 
@@ -116,6 +118,18 @@ def bench_variants() -> dict[str, dict[str, Any]]:
     return mechanisms.bench_variants()
 
 
+def check_variants(names: list[str]) -> None:
+    """Refuse a benchmark variant no registered mechanism declares (one line, did-you-mean)."""
+    known = list(bench_variants())
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise AttnlabError(
+                f"unknown benchmark variant {name!r}; {hint}known: {', '.join(known)}"
+            )
+
+
 def available(name: str, base) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
     return name not in mechanisms.param_adding_variants() or count_params(
@@ -139,6 +153,7 @@ def measure(
     """Time every mechanism at every width; returns (rows, names of unavailable mechanisms)."""
     fields = bench_variants()
     names = mechanisms or list(fields)
+    check_variants(names)
     rows: list[Row] = []
     missing: list[str] = []
     for width in widths:

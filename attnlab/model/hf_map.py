@@ -22,9 +22,9 @@ import torch
 
 from attnlab.config import ModelConfig
 from attnlab.errors import AttnlabError
+from attnlab.model import mechanisms
 
 KINDS = ("gpt2", "llama")
-MECHANISMS_OFF = dict(use_m_gate=False, value_gate=False, boost_rounds=1, twicing=False)
 _GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 # transformers' activation names -> attnlab's mlp: exact GELU, or GPT-2's tanh approximation
 _GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -38,7 +38,7 @@ _LLAMA_BLOCK = {
 
 def native_kind(config: ModelConfig) -> str | None:
     """ "gpt2" or "llama" when ``config`` is exactly that architecture, else None."""
-    if any(getattr(config, k) != v for k, v in MECHANISMS_OFF.items()):
+    if mechanisms.enabled(config):  # a mechanism has no standard architecture to map to
         return None
     if config.norm_placement != "pre" or config.ffn_sublayers != 1:
         return None

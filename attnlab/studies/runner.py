@@ -45,9 +45,10 @@ def run_study(
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
+    kind = KINDS[spec.kind]
+    kind.check(spec, preset)
     folder = StudyDir(out)
     folder.create()
-    kind = KINDS[spec.kind]
     seed_list = list(range(n_seeds))
     t0 = time.perf_counter()
     header = {

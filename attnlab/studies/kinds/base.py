@@ -44,6 +44,10 @@ class Study:
 class StudyKind(Protocol):
     """What one kind of study measures, how it runs and how it reports."""
 
+    def check(self, spec: StudySpec, preset: str) -> None:
+        """Refuse settings the kind cannot run, before anything is written (AttnlabError)."""
+        ...
+
     def run(self, study: Study) -> Outcome:
         """Compute (or resume) every unit of work, ``study.publish`` after each; the final outcome."""
         ...

@@ -28,6 +28,9 @@ from attnlab.train.spec import default_data_for
 class LanguageModel:
     """Training runs per (variant, seed), paired comparisons, the seed-0 analyses."""
 
+    def check(self, spec: StudySpec, preset: str) -> None:
+        """Nothing beyond what reading the spec already checked."""
+
     def run(self, study: Study) -> Outcome:
         """Every run, then the wall-clock-matched ones; publish after each finished run.
 

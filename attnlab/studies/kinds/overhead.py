@@ -10,15 +10,24 @@ from typing import Any
 from attnlab.bench import overhead
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.output import figure_link
+from attnlab.studies.spec import StudySpec
 
 FIGURE = "overhead.png"
+
+
+def _options(spec: StudySpec, preset: str) -> dict[str, Any]:
+    """bench overhead's keyword arguments: the spec's params, then the preset's."""
+    return {**spec.params, **spec.scale(preset).params}
 
 
 class Overhead:
     """One interleaved timing of every mechanism at every width."""
 
+    def check(self, spec: StudySpec, preset: str) -> None:
+        overhead.check_variants(_options(spec, preset).get("mechanisms", []))
+
     def run(self, study: Study) -> Outcome:
-        opts = {**study.spec.params, **study.spec.scale(study.preset).params}
+        opts = _options(study.spec, study.preset)
         rows, missing = overhead.measure(**opts)
         title = (
             f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, "

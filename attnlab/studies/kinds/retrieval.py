@@ -17,11 +17,15 @@ from attnlab.studies.jobs import Cell, run_all, score_cell
 from attnlab.studies.kinds import retrieval_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.progress import Tracker
+from attnlab.studies.spec import StudySpec
 from attnlab.studies.stats import holm, paired_comparison, summarize
 
 
 class Retrieval:
     """Table cells per protocol, paired against each table's baseline column."""
+
+    def check(self, spec: StudySpec, preset: str) -> None:
+        """Nothing beyond what reading the spec already checked."""
 
     def run(self, study: Study) -> Outcome:
         """Every cell not scored before, ``study.jobs`` at a time; publish after each cell."""
