@@ -78,6 +78,23 @@ def _check_statistics(results: dict) -> None:
     assert [c["p_holm"] for c in results["comparisons"]] == pytest.approx(holm, rel=1e-9)
 
 
+def test_gba_lm_study_analyses_gates_entropy_and_hull(tmp_path: Path, tiny_data: Path) -> None:
+    """The paper's Figures 3-5 as the study's own analyses of its seed-0 runs."""
+    out = tmp_path / "gba"
+    done = run_study(
+        load_spec("gba-lm"), "ci", out, seeds=1, data=tiny_data, variants=["standard", "boosted"]
+    )
+    hull = done["study"]["analyses"]["hull"]
+    assert "error" not in hull
+    assert hull["measured"] == 1 * 1 * 4 * 4  # sequences x layers x heads x positions
+    assert 0 <= hull["outside"] <= hull["measured"]
+    report = (out / "report.md").read_text()
+    for title in ("Boosting gates", "Attention entropy", "Leaving the value hull"):
+        assert f"## {title} (" in report
+    assert "Unavailable" not in report
+    assert all((out / "figures" / f"{n}.png").is_file() for n in ("gates", "entropy", "hull"))
+
+
 def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path) -> None:
     out = tmp_path / "kv"
     run_study(load_spec("kv-bias"), "ci", out, data=tiny_data)

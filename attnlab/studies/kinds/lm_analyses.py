@@ -1,5 +1,6 @@
 """An lm study's own analyses of its first seed's runs, as the spec's ``params.analyses`` asks:
-per-position losses, the name test, boosting gates and attention entropy, each with its figure
+per-position losses, the name test, boosting gates, attention entropy and the value hull, each
+with its figure
 and its report section."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis import entropy, gates, names, per_position
-from attnlab.analysis.inputs import load_baseline, load_inputs
+from attnlab.analysis import entropy, gates, hull, names, per_position
+from attnlab.analysis.inputs import evenly_spaced, load_baseline, load_inputs
 from attnlab.errors import AttnlabError
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link, run_label
@@ -169,9 +170,31 @@ def _entropy_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
+def _hull(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    inputs = load_inputs(runs[0], None, sizes.get("hull_sequences", 5))
+    at = evenly_spaced(inputs.x.size(1), sizes.get("hull_positions", 30))
+    rows = hull.hull_table(inputs.model, inputs.x, at)
+    hull.plot(rows, figure, run_label(runs[0]))
+    outside = sum(r["distance"] > hull.INSIDE_TOL for r in rows)
+    return {"measured": len(rows), "outside": outside, "layers": hull.layer_means(rows)}
+
+
+def _hull_lines(a: dict[str, Any]) -> list[str]:
+    rows = [[str(layer), num(mean, ".4g")] for layer, mean in a["layers"].items()]
+    return [
+        f"{a['outside']} of {a['measured']} boosted outputs lie outside the convex hull of the "
+        "round-0 values (exact distances; plain attention's output is always inside):",
+        "",
+        *md_table(["layer", "mean distance"], rows),
+        f"![distance of the boosted output to the round-0 value hull]({a['figure']})",
+        "",
+    ]
+
+
 ANALYSES = {
     "per_position": Analysis("Per-position loss", _per_position, _per_position_lines),
     "names": Analysis("Name test", _names, _names_lines),
     "gates": Analysis("Boosting gates", _gates, _gates_lines),
     "entropy": Analysis("Attention entropy", _entropy, _entropy_lines),
+    "hull": Analysis("Leaving the value hull", _hull, _hull_lines),
 }
