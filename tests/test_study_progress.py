@@ -75,6 +75,13 @@ def test_progress_lines_and_results_after_every_run(tmp_path: Path, tiny_data: P
     run_study(_spec(), "ci", out, data=tiny_data, progress=again.append)
     assert len(again) == 6 and all("finished earlier" in line for line in again)
 
+    # With one early run to redo, everything that finished is reported (and published) first.
+    (out / "runs" / "kv" / "seed0" / "summary.json").unlink()
+    redo: list[str] = []
+    run_study(_spec(), "ci", out, data=tiny_data, progress=redo.append)
+    assert ["finished earlier" in line for line in redo[:3]] == [True] * 3
+    assert re.match(r"\[4/6\] kv seed 0: val loss ", redo[3]) and "finished earlier" not in redo[3]
+
 
 def test_interrupted_study_resumes_mid_run_and_equals_uninterrupted(
     tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch

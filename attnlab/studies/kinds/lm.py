@@ -15,6 +15,7 @@ from typing import Any
 
 from attnlab.data.prepare import load_dataset
 from attnlab.presets import get_preset
+from attnlab.rundir import finished_summary
 from attnlab.studies.jobs import Job, run_all, train_one
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Outcome, Study
@@ -104,7 +105,8 @@ def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Pat
 
 def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
     """Seed-major order: every variant of seed 0, then of seed 1, ... so an unfinished study
-    already holds complete pairs."""
+    already holds complete pairs; runs that finished earlier go first, so a resumed study
+    reports everything it has before it trains again."""
     spec, preset = study.spec, study.preset
     arms = []
     for name in names:
@@ -112,7 +114,7 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
         model, train = spec.layered(variant, preset)
         folder = _data_folder(spec, variant, preset, study.data)
         arms.append((name, variant.preset, model, train, folder))
-    return [
+    jobs = [
         Job(
             name,
             seed,
@@ -126,6 +128,7 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
         for seed in study.seeds
         for name, variant_preset, model, train, folder in arms
     ]
+    return sorted(jobs, key=lambda job: finished_summary(job.run_dir) is None)  # stable
 
 
 def wallclock_budget(
