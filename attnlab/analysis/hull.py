@@ -159,13 +159,18 @@ def plot(rows: list[dict], path: str | Path, run: str = "the boosted model") -> 
     return fig
 
 
+def measure(inputs: Inputs, positions: int = 30, progress: bool = False) -> list[dict[str, float]]:
+    """hull_table at ``positions`` evenly spaced positions of every window."""
+    at = evenly_spaced(inputs.x.size(1), positions)
+    return hull_table(inputs.model, inputs.x, at, progress=progress)
+
+
 def analyze(
     inputs: Inputs, out: Path, positions: int = 30, progress: bool = False
 ) -> tuple[list[dict[str, float]], Path, Path]:
     """Distances at ``positions`` evenly spaced positions per window, written to ``out``/hull.csv
     and hull.png: (rows, csv, png)."""
-    at = evenly_spaced(inputs.x.size(1), positions)
-    rows = hull_table(inputs.model, inputs.x, at, progress=progress)
+    rows = measure(inputs, positions, progress)
     csv_path = write_csv(out / "hull.csv", rows)
     plot(rows, out / "hull.png", inputs.name)
     return rows, csv_path, out / "hull.png"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.analysis import entropy, gates, hull, names, per_position
-from attnlab.analysis.inputs import evenly_spaced, load_baseline, load_inputs
+from attnlab.analysis.inputs import load_baseline, load_inputs
 from attnlab.errors import AttnlabError
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link, run_label
@@ -172,8 +172,7 @@ def _entropy_lines(a: dict[str, Any]) -> list[str]:
 
 def _hull(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
     inputs = load_inputs(runs[0], None, sizes.get("hull_sequences", 5))
-    at = evenly_spaced(inputs.x.size(1), sizes.get("hull_positions", 30))
-    rows = hull.hull_table(inputs.model, inputs.x, at)
+    rows = hull.measure(inputs, sizes.get("hull_positions", 30))
     hull.plot(rows, figure, run_label(runs[0]))
     outside = sum(r["distance"] > hull.INSIDE_TOL for r in rows)
     return {"measured": len(rows), "outside": outside, "layers": hull.layer_means(rows)}
