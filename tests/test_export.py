@@ -16,9 +16,11 @@ import torch
 from conftest import tiny_model
 
 from attnlab import from_pretrained
+from attnlab.bench import export as bench_export
 from attnlab.cli import main as cli_main
 from attnlab.errors import AttnlabError
-from attnlab.export import FILES, FORMATS, export, load_onnx, parse_formats
+from attnlab.export import FILES, FORMATS, OnnxLM, export, load_onnx, parse_formats
+from attnlab.export import onnx as onnx_export
 from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
 
@@ -268,8 +270,18 @@ def test_torchscript_loads_without_attnlab(exported: tuple[GPT, Path], tmp_path:
     )
 
 
-def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], capsys) -> None:
+def test_sample_onnxruntime_backend_matches_torch(
+    exported: tuple[GPT, Path], capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, out = exported
+    sessions = []
+
+    class Recorded(OnnxLM):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            sessions.append(self.session)
+
+    monkeypatch.setattr(onnx_export, "OnnxLM", Recorded)
     texts = {}
     for backend in ("torch", "onnxruntime"):
         greedy = ["--temperature", "0", "--max-new-tokens", "40", "--device", "cpu"]
@@ -280,8 +292,9 @@ def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], ca
     # greedy decoding: the windowed ONNX recompute past block 32 and the torch path agree token for token
     assert texts["onnxruntime"] == texts["torch"]
     int8 = ["sample", str(out), "--backend", "onnxruntime", "--int8", "--prompt", "To be", *greedy]
-    assert cli_main(int8) == 0
+    assert cli_main([*int8, "--threads", "1"]) == 0
     assert capsys.readouterr().out.startswith("To be")
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [0, 1]  # 0: ORT's
 
 
 @pytest.mark.parametrize(
@@ -290,6 +303,7 @@ def test_sample_onnxruntime_backend_matches_torch(exported: tuple[GPT, Path], ca
         (["--backend", "onnxruntime", "--compile"], "--compile: not available with --backend"),
         (["--backend", "onnxruntime", "--device", "cuda"], "--device cuda: not available"),
         (["--int8"], "add --backend onnxruntime"),
+        (["--threads", "0"], "--threads must be at least 1, got 0"),
     ],
 )
 def test_sample_refuses_flags_its_backend_ignores(
@@ -299,8 +313,19 @@ def test_sample_refuses_flags_its_backend_ignores(
     assert message in capsys.readouterr().err
 
 
-def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
+def test_bench_export_table(
+    exported: tuple[GPT, Path], capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row per backend, eager's greedy tokens from fp32, and --threads for both runtimes."""
     _, out = exported
+    sessions = []
+
+    class Recorded(OnnxLM):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            sessions.append(self.session)
+
+    monkeypatch.setattr(bench_export, "OnnxLM", Recorded)
     args = [
         "bench",
         "export",
@@ -313,9 +338,13 @@ def test_bench_export_table(exported: tuple[GPT, Path], capsys) -> None:
         "--reps",
         "1",
         "--no-compile",
+        "--threads",
+        "1",
     ]
     assert cli_main(args) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert ", 1 threads, 1 reps" in lines[0]
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [1, 1]
     rows = {
         line.split("  ")[0]: line.split()
         for line in lines

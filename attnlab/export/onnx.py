@@ -220,8 +220,11 @@ class OnnxLM:
         return torch.cat([idx.cpu(), *stream(self, idx.cpu(), max_new_tokens, **kwargs)], dim=1)
 
 
-def load_onnx(path: str | Path, int8: bool = False) -> tuple[OnnxLM, Any | None]:
-    """(OnnxLM, tokenizer or None) from an exported folder's model.onnx (or model-int8.onnx)."""
+def load_onnx(
+    path: str | Path, int8: bool = False, threads: int | None = None
+) -> tuple[OnnxLM, Any | None]:
+    """(OnnxLM, tokenizer or None) from an exported folder's model.onnx (or model-int8.onnx);
+    ``threads``: onnxruntime's intra-op threads (None: its default, one per physical core)."""
     folder = Path(path).expanduser()
     file = folder / (INT8_FILE if int8 else ONNX_FILE)
     if not file.is_file():
@@ -231,4 +234,4 @@ def load_onnx(path: str | Path, int8: bool = False) -> tuple[OnnxLM, Any | None]
     tokenizer = (
         Tokenizer.load(folder / ckpt.TOKENIZER) if (folder / ckpt.TOKENIZER).is_file() else None
     )
-    return OnnxLM(file, ckpt.read_model_config(folder)), tokenizer
+    return OnnxLM(file, ckpt.read_model_config(folder), threads), tokenizer

@@ -54,10 +54,15 @@ def add_timing_args(
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help=compile_help)
     p.add_argument("--quick", action="store_true", help=quick_help)
+    add_threads_arg(p)
+
+
+def add_threads_arg(p: argparse.ArgumentParser, also: str = "") -> None:
+    """--threads: CPU threads per op, applied by ``checking_device`` before the benchmark runs."""
     p.add_argument(
         "--threads",
         type=int,
-        help="CPU threads per op (default: torch's choice; the header says what was used)",
+        help=f"CPU threads per op{also} (default: torch's choice; the header says what was used)",
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from attnlab.commands.bench import add_threads_arg
 from attnlab.errors import AttnlabError
 
 
@@ -31,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-compile", action="store_true", help="leave out the torch.compile'd PyTorch row"
     )
+    add_threads_arg(p, also=", for PyTorch and onnxruntime alike")
     p.set_defaults(func=run)
 
 
