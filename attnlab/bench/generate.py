@@ -73,7 +73,8 @@ def measure(
 ) -> tuple[list[GenRow], list[str]]:
     """Time cached and uncached decoding for vanilla and each available mechanism.
 
-    With ``compile`` both modes run the same ``torch.compile``d model (compiled before timing).
+    With ``compile`` the model is compiled for decoding first (``compile_for_decoding``): its
+    cached step runs compiled and the full recompute eagerly, as in ``attnlab sample --compile``.
     """
     base = base.replace(block_size=max(base.block_size, tokens + 1), dropout=0.0)
     fields = bench_variants()
@@ -90,7 +91,7 @@ def measure(
             # compiled graphs are kept per code object (GPT.forward) across models, and past
             # torch's recompile limit (8) a forward silently runs eagerly: start each model afresh
             torch.compiler.reset()
-            model = compile_for_decoding(model, recompute=True)
+            model = compile_for_decoding(model)
         runs: dict[str, list[tuple[list[float], list[int]]]] = {"cache": [], "full": []}
         timings = interleaved(
             {mode: _recorder(model, tokens, mode, runs[mode]) for mode in runs},

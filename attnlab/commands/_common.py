@@ -33,19 +33,18 @@ def quiet_broken_pipe() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def compile_announced(model: Any, recompute: bool = False) -> Any:
+def compile_announced(model: Any) -> Any:
     """compile_for_decoding, saying on stderr that it is compiling and how long it took."""
     from attnlab.model.generation import compile_for_decoding
 
-    what = "decoding step and the full forward" if recompute else "decoding step"
     print(
-        f"compiling the {what} (torch.compile; slow the first time, then served from "
+        "compiling the decoding step (torch.compile; slow the first time, then served from "
         "torch's compile cache) ...",
         file=sys.stderr,
         flush=True,
     )
     started = time.perf_counter()
-    model = compile_for_decoding(model, recompute)
+    model = compile_for_decoding(model)
     print(f"compiled in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return model
 

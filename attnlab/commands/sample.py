@@ -111,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
         raise AttnlabError("the prompt encodes to no tokens")
     if args.compile:
-        # without the cache, or past block_size, decoding runs the full forward: warm it too
-        long = len(ids) + args.max_new_tokens > model.config.block_size
-        model = compile_announced(model, recompute=args.no_cache or long)
+        model = compile_announced(model)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     with quiet_broken_pipe():

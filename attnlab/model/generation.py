@@ -3,6 +3,8 @@
 The cache is exact because every mechanism's per-token state depends only on positions <= t.
 Once the context outgrows block_size the model sees a sliding window whose absolute positions
 shift every step, so from then on each step recomputes the cropped window (as nanoGPT does).
+Forwards over many positions (the prompt, the window, ``use_cache=False``) always run eagerly,
+even in a compiled model: see ``compile_for_decoding``.
 """
 
 from __future__ import annotations
@@ -95,22 +97,19 @@ def stream(
     """Yield each new token column [B, 1]; stops early once every row has produced EOS."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     block_size = model.config.block_size
-    idx = idx.clone()  # an inference tensor like every later input (one compiled graph for both)
     cache: KVCache | None = None
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
-        if use_cache and idx.size(1) <= block_size:
-            if cache is None:
-                cache = model.new_cache()
-                # the prompt runs once: eagerly, so a compiled model needs no graph for it
-                with torch.compiler.set_stance("force_eager"):
-                    logits, _ = model(idx, cache=cache)
-            else:
-                logits, _ = model(idx[:, -1:], cache=cache)
+        if use_cache and idx.size(1) <= block_size and cache is not None:
+            logits, _ = model(idx[:, -1:], cache=cache)  # the one step a compiled model compiles
         else:
-            cache = None
-            # a fresh contiguous window: a strided view would be one more case for torch.compile
-            logits, _ = model(idx[:, -block_size:].clone(memory_format=torch.contiguous_format))
+            with torch.compiler.set_stance("force_eager"):
+                if use_cache and idx.size(1) <= block_size:
+                    cache = model.new_cache()
+                    logits, _ = model(idx, cache=cache)  # the prompt
+                else:
+                    cache = None
+                    logits, _ = model(idx[:, -block_size:])  # the whole (cropped) context
         nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], torch.full_like(nxt, eos_token_id), nxt)
@@ -121,29 +120,27 @@ def stream(
             return
 
 
-def compile_for_decoding(model: torch.nn.Module, recompute: bool = False) -> torch.nn.Module:
+def compile_for_decoding(model: torch.nn.Module) -> torch.nn.Module:
     """Compile ``model`` in place (``nn.Module.compile``) for decoding, warm it up, and return it.
 
     Eager decoding of a small model is bound by per-op dispatch, not arithmetic: Inductor fuses
-    the elementwise ops and drops the module overhead. Only the one-token KV-cached step is
-    compiled up front: ``dynamic=True`` lets one graph serve every cache length from position 1
-    on, and ``stream`` runs the prompt eagerly, so a plain generation needs exactly one graph.
-    ``recompute`` also warms the cache-free forward (``use_cache=False``, and the sliding window
-    once a generation outgrows block_size); otherwise that path compiles on first use. Graphs
-    land in torch's on-disk compile cache, so later runs of the same model start much faster.
+    the elementwise ops and drops the module overhead. That pays for the one-token KV-cached
+    step, which is all that is compiled: ``dynamic=True`` lets one graph serve every cache
+    length from position 1 on. A forward over many positions (the prompt, the sliding window
+    past block_size, ``use_cache=False``) is bound by its matmuls, and ``stream`` runs it
+    eagerly, so a generation never waits for a second graph. Graphs land in torch's on-disk
+    compile cache, so later runs of the same model start much faster.
     """
     # a decoding step's elementwise kernels work on one position, too few values for SIMD to
     # pay: compiling them scalar halves the C++ compile time and costs no speed (the matmuls
-    # are library calls either way)
+    # are library calls either way); over many positions scalar kernels would be slower than
+    # eager ones, which is one more reason those forwards stay eager
     model.compile(dynamic=True, options={"cpp.vec_isa_ok": False})
     device = next(model.parameters()).device
     try:
         idx = torch.zeros((1, 1), dtype=torch.long, device=device)
         generate(model, idx, 3, temperature=0.0)  # steps at cache lengths 1 and 2 (0 and 1 are
         # specialised by the compiler, so this covers the generic graph)
-        if recompute:  # the cache-free forward: one graph for a single position, one for more
-            for prompt in (1, 2):
-                generate(model, idx.repeat(1, prompt), 2, temperature=0.0, use_cache=False)
     except Exception as e:  # inductor needs a C++ compiler on CPU, triton on GPU
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise AttnlabError(

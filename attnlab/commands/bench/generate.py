@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p,
         reps=3,
         reps_help="interleaved repetitions",
-        compile_help="torch.compile each model first (both modes)",
+        compile_help="torch.compile each model's cached step first (recompute stays eager, "
+        "as in sample --compile)",
         quick_help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} "
         f"tokens, {QUICK['reps']} repetition: a smoke test, not a measurement",
     )
