@@ -77,23 +77,51 @@ def no_space_message(path: Path | str) -> str:
     return f"no space left on device while writing {path}; nothing was lost"
 
 
-def _fsync(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some file systems cannot fsync a folder
+def fsync(path: Path) -> None:
+    """Flush a file (an error is real) or a folder's entries (some file systems cannot: skipped)."""
+    folder = path.is_dir()
+    try:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+    except OSError:
+        if not folder:
+            raise
 
 
-def swap_in(new: Path, out: Path) -> None:
-    """Put the complete folder ``new`` at ``out``; an existing ``out`` is deleted only afterwards."""
-    aside = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then the folders themselves, deepest first."""
+    paths = sorted(folder.rglob("*"), key=lambda p: (p.is_dir(), -len(p.parts)))
+    for path in [*paths, folder]:
+        fsync(path)
+
+
+def swap_in(
+    new: Path, out: Path, aside: Path | None = None, between: Callable[[], None] | None = None
+) -> None:
+    """Put the complete folder ``new`` at ``out``; an existing ``out`` is deleted only afterwards.
+
+    The old ``out`` waits at ``aside`` (default: a hidden name of this process) while ``new`` is
+    renamed in. Should that rename fail or be interrupted (``between`` runs just before it: a
+    test hook), the old folder is renamed back: ``out`` ends up holding the old folder or the
+    new one, never neither. A fixed ``aside`` lets a reader find the old folder after a crash.
+    """
+    aside = aside or out.parent / f".{out.name}.old-{os.getpid()}"
+    moved = out.exists()
+    if moved:
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(out, aside)
-    os.replace(new, out)
-    _fsync(out.parent)
+    try:
+        if between is not None:
+            between()
+        os.replace(new, out)
+    except BaseException:
+        if moved and not out.exists():
+            os.replace(aside, out)
+        raise
+    fsync(out.parent)  # make the renames themselves durable (power loss, not just a kill)
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -119,9 +147,7 @@ def replace_folder(
     try:
         tmp.mkdir()
         yield tmp
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                _fsync(path)
+        fsync_tree(tmp)
         swap_in(tmp, out)
     except OSError as e:
         if e.errno == errno.ENOSPC:

@@ -164,7 +164,7 @@ NOT_WRITTEN = "could not write checkpoint {latest} ({reason}); the previous chec
         ("attnlab.train.checkpoint.write_bytes", _enospc, NO_SPACE),  # weights or trainer state
         ("pathlib.Path.write_text", _enospc, NO_SPACE),  # config.json
         ("pathlib.Path.mkdir", _eacces, NOT_WRITTEN.replace("{reason}", "Permission denied")),
-        ("attnlab.train.checkpoint._fsync_tree", _interrupt, None),  # Ctrl-C while writing
+        ("attnlab.train.checkpoint.fsync_tree", _interrupt, None),  # Ctrl-C while writing
         ("attnlab.train.checkpoint._kill_hook", _interrupt_mid_swap, None),  # Ctrl-C mid-swap
     ],
 )

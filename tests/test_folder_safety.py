@@ -88,6 +88,30 @@ def test_a_failed_overwrite_leaves_the_old_folder_whole(tmp_path: Path, fault):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
 
 
+@pytest.mark.parametrize("fault", ["rename fails", "interrupt"])
+def test_a_failed_swap_puts_the_old_folder_back(tmp_path: Path, monkeypatch, fault):
+    """The old folder is already aside when the new one is renamed in: a failure there
+    (a file system error, Ctrl-C) renames it back instead of leaving it under a hidden name."""
+    out = _thesis(tmp_path)
+    before = snapshot(out)
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if Path(src).name.startswith(f".{out.name}.tmp-"):  # the new folder's rename into place
+            raise KeyboardInterrupt if fault == "interrupt" else OSError(errno.EIO, "I/O error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with (
+        pytest.raises((OSError, KeyboardInterrupt)),
+        replace_folder(out, "thing", overwrite=True) as tmp,
+    ):
+        (tmp / "config.json").write_text('{"new": 1}')
+    monkeypatch.undo()
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
+
+
 def test_overwrite_swaps_the_new_folder_in(tmp_path: Path):
     out = _thesis(tmp_path)
     with replace_folder(out, "thing", overwrite=True) as tmp:

@@ -34,7 +34,7 @@ from safetensors.torch import save
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import no_space_message
+from attnlab.fsutil import fsync_tree, no_space_message, swap_in
 from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
 from attnlab.model.layers import Rotary
@@ -105,19 +105,6 @@ def write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in [*folder.iterdir(), folder]:
-        _fsync(path)
-
-
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
     """config.json (+ tokenizer.json) + model.safetensors, which records both files' sha256."""
     (folder / CONFIG).write_text(model.config.to_json())
@@ -150,17 +137,12 @@ def save_checkpoint(
             buffer = io.BytesIO()
             torch.save(trainer_state, buffer)
             write_bytes(tmp / TRAINER_STATE, buffer.getvalue())
-        _fsync_tree(tmp)
-        if folder.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(folder, aside)
-        _kill_hook("swap", save_number)
-        os.replace(tmp, folder)
-        _fsync(folder.parent)  # make the renames themselves durable (power loss, not just a kill)
-    except BaseException as e:  # a full disk, a bug, Ctrl-C: put the previous one back
+        fsync_tree(tmp)
+        # the old checkpoint waits at ``aside`` (where checkpoint_dir looks after a crash) and
+        # is renamed back if the swap fails
+        swap_in(tmp, folder, aside, between=lambda: _kill_hook("swap", save_number))
+    except BaseException as e:  # a full disk, a bug, Ctrl-C: the previous one stays
         shutil.rmtree(tmp, ignore_errors=True)
-        if not folder.exists() and aside.exists():
-            os.replace(aside, folder)
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise AttnlabError(no_space_message(folder)) from e
         if not isinstance(e, OSError | RuntimeError):
@@ -170,7 +152,6 @@ def save_checkpoint(
         raise AttnlabError(
             f"could not write checkpoint {folder} ({reason}); the previous checkpoint is intact"
         ) from e
-    shutil.rmtree(aside, ignore_errors=True)
     return folder
 
 
