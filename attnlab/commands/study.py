@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from attnlab.errors import AttnlabError
+from attnlab.studies import output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "study",
         help="run a multi-seed study (shipped name or TOML file) and write its report",
         description="Run every variant of a study over seeds, paired by seed; resumable. "
-        "Writes results.json, results.csv, study.json and report.md in --out.",
+        f"Writes {output.RESULTS_JSON}, {output.RESULTS_CSV}, {output.STUDY_JSON} and "
+        f"{output.REPORT} (figures in {output.FIGURES}/) in --out.",
     )
     p.add_argument("study", nargs="?", help="shipped study name (see --list) or a study TOML file")
     p.add_argument("--list", action="store_true", help="list the shipped studies")
