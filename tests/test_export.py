@@ -270,18 +270,25 @@ def test_torchscript_loads_without_attnlab(exported: tuple[GPT, Path], tmp_path:
     )
 
 
-def test_sample_onnxruntime_backend_matches_torch(
-    exported: tuple[GPT, Path], capsys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, out = exported
-    sessions = []
+@pytest.fixture
+def sessions(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The onnxruntime session of every OnnxLM made while the test runs, in order."""
+    made = []
 
     class Recorded(OnnxLM):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            sessions.append(self.session)
+            made.append(self.session)
 
-    monkeypatch.setattr(onnx_export, "OnnxLM", Recorded)
+    for module in (onnx_export, bench_export):
+        monkeypatch.setattr(module, "OnnxLM", Recorded)
+    return made
+
+
+def test_sample_onnxruntime_backend_matches_torch(
+    exported: tuple[GPT, Path], capsys, sessions: list
+) -> None:
+    _, out = exported
     texts = {}
     for backend in ("torch", "onnxruntime"):
         greedy = ["--temperature", "0", "--max-new-tokens", "40", "--device", "cpu"]
@@ -313,19 +320,9 @@ def test_sample_refuses_flags_its_backend_ignores(
     assert message in capsys.readouterr().err
 
 
-def test_bench_export_table(
-    exported: tuple[GPT, Path], capsys, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bench_export_table(exported: tuple[GPT, Path], capsys, sessions: list) -> None:
     """One row per backend, eager's greedy tokens from fp32, and --threads for both runtimes."""
     _, out = exported
-    sessions = []
-
-    class Recorded(OnnxLM):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            sessions.append(self.session)
-
-    monkeypatch.setattr(bench_export, "OnnxLM", Recorded)
     args = [
         "bench",
         "export",
