@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import tiny_model, tiny_train
 from safetensors.torch import load_file
@@ -46,7 +47,17 @@ def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(
         "best/model.safetensors",
     ):
         assert (run / name).is_file(), name
-    assert list((run / "tb").glob("events.out.tfevents.*"))
+    # TensorBoard holds every val loss of metrics.csv, iter 0's (held back before the columns) too
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (run / "tb").glob("events.out.tfevents.*")
+    tb = EventAccumulator(str(events))
+    tb.Reload()
+    logged = [(int(r["iter"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
+    assert logged[0][0] == 0
+    scalars = tb.Scalars("val_loss")
+    assert [e.step for e in scalars] == [it for it, _ in logged]
+    assert [e.value for e in scalars] == pytest.approx([v for _, v in logged], rel=1e-6)
     # no temporary folders left; the run's lock file stays (see attnlab.rundir)
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [LOCK_FILE]
     saved = json.loads((run / "config.json").read_text())

@@ -75,10 +75,11 @@ class MetricsLog:
         with self.path.open("a", newline="") as f:
             for r in rows:
                 csv.writer(f).writerow(["" if r.get(c) is None else r[c] for c in self.columns])
-        if self.writer is not None:
-            for key, value in row.items():
-                if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
-                    self.writer.add_scalar(key, value, row["iter"])
+        if self.writer is not None:  # every row written, the held-back ones too (iter 0's eval)
+            for r in rows:
+                for key, value in r.items():
+                    if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
+                        self.writer.add_scalar(key, value, r["iter"])
             self.writer.flush()
 
     def close(self) -> None:
