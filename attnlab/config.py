@@ -48,6 +48,15 @@ def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
         )
 
 
+SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1: torch and numpy take them all, with room to offset
+
+
+def check_seed(name: str, value: int) -> None:
+    """Refuse a seed outside 0 .. 2**32 - 1 (torch.manual_seed overflows past 64 bits)."""
+    if not 0 <= value < SEED_LIMIT:
+        raise ConfigError(f"{name}={value} must be a whole number from 0 to {SEED_LIMIT - 1}")
+
+
 class _Serialisable:
     """JSON round-trip, `key=value` overrides and field validation helpers shared by the configs."""
 
@@ -292,6 +301,8 @@ class TrainConfig(_Serialisable):
         )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
+        check_seed("seed", self.seed)
+        check_seed("eval_seed", self.eval_seed)
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")

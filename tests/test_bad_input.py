@@ -667,3 +667,33 @@ def test_ctrl_c_in_chat_stops_the_reply_then_quits_at_the_prompt(
     assert p.returncode == 0, p.stderr
     assert p.stdout == "a\n(stopped)\nab\n\n"
     assert calls[0] == calls[1]  # the stopped reply did not join the history
+
+
+SEED = "must be a whole number from 0 to 4294967295"
+BIG = "99999999999999999999"  # past 64 bits: torch.manual_seed overflowed with a traceback
+
+
+@pytest.mark.parametrize(
+    ("argv", "name", "value"),
+    [(["train", "--data", "{data}", "--out", "{out}", f"seed={BIG}"], "seed", BIG),
+     (["train", "--data", "{data}", "--out", "{out}", "eval_seed=-1"], "eval_seed", "-1"),
+     (["sample", "{model}", "--seed", "4294967296"], "seed", "4294967296"),
+     (["chat", "{model}", "--seed", "-1"], "seed", "-1"),
+     (["analyze", "names", "{model}", "--seed", BIG], "seed", BIG),
+     (["retrieval", "--seed", BIG], "seed", BIG)],
+)  # fmt: skip
+def test_a_seed_out_of_range_gets_one_line(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    argv,
+    name,
+    value,
+):
+    from test_folder_safety import snapshot
+
+    before = snapshot(tmp_path)
+    args = [a.format(data=tiny_data, out=tmp_path / "run", model=model_dir) for a in argv]
+    assert error_line(attnlab(*args), argv[0]) == f"{name}={value} {SEED}"
+    assert snapshot(tmp_path) == before

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from attnlab.analysis.inputs import token_pieces, write_csv
+from attnlab.config import check_seed
 from attnlab.data.corpus import load_corpus
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
@@ -181,6 +182,7 @@ def name_test(
 ) -> dict[str, Any]:
     """The name test for each run (same seed for all): the cast and one score per run."""
     _check_sizes(samples, length)
+    check_seed("seed", seed)
     cast, style, source = training_cast(shared_data_dir([str(run) for run in runs], data))
     report: dict[str, Any] = {
         "samples": samples,

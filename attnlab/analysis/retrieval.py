@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
+from attnlab.config import check_seed
 from attnlab.errors import AttnlabError
 from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
 
@@ -311,6 +312,7 @@ def run_retrieval(
         raise AttnlabError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     if d < 1 or patterns < 2 or sigma <= 0 or rounds < 1 or queries < 1 or steps < 1:
         raise AttnlabError("need d >= 1, patterns >= 2, sigma > 0, rounds/queries/steps >= 1")
+    check_seed("seed", seed)
     if protocol == "released":
         return _run_released(d, patterns, sigma, methods, rounds, gate, queries, steps, seed, loss)
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from attnlab.config import check_seed
 from attnlab.errors import ConfigError
 
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a UTF-8 character to
@@ -21,6 +22,7 @@ def check_sampling_args(args: Any) -> None:
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if getattr(args, "num_samples", 1) < 1:
         raise ConfigError(f"num_samples={args.num_samples} must be >= 1")
+    check_seed("seed", args.seed)
 
 
 @contextlib.contextmanager
