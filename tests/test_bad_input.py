@@ -697,3 +697,25 @@ def test_a_seed_out_of_range_gets_one_line(
     args = [a.format(data=tiny_data, out=tmp_path / "run", model=model_dir) for a in argv]
     assert error_line(attnlab(*args), argv[0]) == f"{name}={value} {SEED}"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["sample", "{model}", "--max-new-tokens", "1"],
+     ["bench", "generate", "--quick", "--out", "{out}"],
+     ["bench", "export", "--model", "{model}", "--no-compile"]],
+)  # fmt: skip
+def test_more_threads_than_cpus_gets_one_line(attnlab, model_dir: Path, tmp_path: Path, argv):  # noqa: F811
+    """Past 2**63 torch.set_num_threads overflowed with a traceback; past the CPUs it only
+    slows every op down."""
+    import os
+
+    from test_folder_safety import snapshot
+
+    before = snapshot(tmp_path)
+    args = [a.format(model=model_dir, out=tmp_path / "g.png") for a in argv]
+    for threads in (BIG, str(os.cpu_count() + 1)):
+        assert error_line(attnlab(*args, "--threads", threads), argv[0]) == (
+            f"--threads {threads} is more than the {os.cpu_count()} CPUs here"
+        )
+    assert snapshot(tmp_path) == before

@@ -1,4 +1,5 @@
-"""Pieces the decoding commands (sample, chat) share: announced compiling and streamed text."""
+"""Pieces the decoding commands (sample, chat) share: announced compiling and streamed text;
+and --threads, which bench takes too."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ def check_sampling_args(args: Any) -> None:
     if getattr(args, "num_samples", 1) < 1:
         raise ConfigError(f"num_samples={args.num_samples} must be >= 1")
     check_seed("seed", args.seed)
+
+
+def apply_threads(threads: int | None) -> None:
+    """--threads: torch's intra-op threads, from 1 to this machine's CPU count (None: torch's)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    cpus = os.cpu_count() or 1
+    if threads > cpus:
+        raise ConfigError(f"--threads {threads} is more than the {cpus} CPUs here")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager

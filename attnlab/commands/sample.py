@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab import from_pretrained
     from attnlab.commands._common import (
+        apply_threads,
         check_sampling_args,
         compile_announced,
         echo_tokens,
@@ -77,10 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.model.generation import stream
 
     check_sampling_args(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise AttnlabError(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.backend == "onnxruntime":
         from attnlab.export import load_onnx
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from attnlab.cli import register_all
-from attnlab.errors import AttnlabError
+from attnlab.commands._common import apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,13 +33,7 @@ def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
 
         if getattr(args, "device", None) is not None:
             args.device = str(resolve_device(args.device))
-        threads = getattr(args, "threads", None)
-        if threads is not None:
-            if threads < 1:
-                raise AttnlabError(f"--threads must be at least 1, got {threads}")
-            import torch
-
-            torch.set_num_threads(threads)
+        apply_threads(getattr(args, "threads", None))
         return func(args)
 
     return run
