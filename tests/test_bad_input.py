@@ -719,3 +719,48 @@ def test_more_threads_than_cpus_gets_one_line(attnlab, model_dir: Path, tmp_path
             f"--threads {threads} is more than the {os.cpu_count()} CPUs here"
         )
     assert snapshot(tmp_path) == before
+
+
+def _per_position_outs(tmp_path: Path) -> list[tuple[Path, str]]:
+    """(--out, the error) for outs that per-position must not write (it overwrote a .txt)."""
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "mine.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "fig.png").write_bytes(b"\x89PNG not ours")
+    csv = "must name a .csv file (the grouped tables and the PNG go next to it)"
+    foreign = (
+        "exists and is not one of analyze per-position's files; choose another --out or move it"
+    )
+    return [
+        (tmp_path / "notes.txt", f"--out {tmp_path / 'notes.txt'} {csv}"),
+        (tmp_path / "folder", f"--out {tmp_path / 'folder'} {csv}"),
+        (tmp_path / "mine.csv", f"{tmp_path / 'mine.csv'} {foreign}"),
+        (tmp_path / "fig.csv", f"{tmp_path / 'fig.png'} {foreign}"),
+    ]
+
+
+def test_per_position_refuses_an_out_it_did_not_write(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+):
+    from test_folder_safety import snapshot
+
+    work = tmp_path / "work"
+    work.mkdir()
+    cases = _per_position_outs(work)
+    argv = ["analyze", "per-position", str(model_dir), str(model_dir), "--data", str(tiny_data),
+            "--device", "cpu", "--max-tokens", "100"]  # fmt: skip
+    before = snapshot(tmp_path)
+    for out, expected in cases:
+        assert error_line(attnlab(*argv, "--out", str(out)), "analyze") == expected
+    for flags, got in ((["--top", "0"], "0 and 12"), (["--context", "-1"], "20 and -1")):
+        p = attnlab(*argv, "--out", str(work / "pp.csv"), *flags)
+        assert error_line(p, "analyze") == f"--top must be >= 1 and --context >= 0, got {got}"
+    assert snapshot(tmp_path) == before
+    # its own files are replaced, and a context longer than the text is the whole text
+    for _ in range(2):
+        p = attnlab(*argv, "--out", str(work / "pp.csv"), "--context", "99999999999999999999")
+        assert p.returncode == 0, p.stderr
+    assert (work / "pp.csv").read_text().startswith("rank,position,context,")

@@ -31,6 +31,10 @@ from attnlab.train.checkpoint import load_pretrained
 # groups beyond these are pooled into one last bucket, so a table stays readable
 MAX_COLUMN = 80
 MAX_HEADER_DISTANCE = 40
+GROUPINGS = ("by_region", "by_column", "by_header_distance")
+# the first line of each table write_tables writes: a file that starts otherwise is not its own
+TOP_HEADER = "rank,position,context,target,loss_a,loss_b,a_minus_b"
+GROUP_HEADER = "group,count,loss_a,loss_b,b_minus_a"
 
 
 @torch.no_grad()
@@ -159,10 +163,11 @@ def compare(
 
 def top_positions(cmp: Comparison, n: int = 20, context: int = 12) -> list[dict[str, Any]]:
     """The ``n`` targets where B's loss is lowest relative to A's, with their context."""
+    check_listing(n, context)
     gain = cmp.loss_a - cmp.loss_b
     rows = []
     for rank, i in enumerate(np.argsort(-gain, kind="stable")[:n], start=1):
-        before = "".join(cmp.pieces[max(0, i + 1 - context) : i + 1])[-context:]
+        before = "".join(cmp.pieces[max(0, int(i) + 1 - context) : i + 1])[-context:]
         rows.append(
             {
                 "rank": rank,
@@ -188,7 +193,7 @@ def groupings(cmp: Comparison) -> dict[str, list[dict[str, Any]]]:
         ("speech", (distance >= 0) & ~in_header),
         ("before any header", distance < 0),
     ]
-    return {
+    return {  # the keys are GROUPINGS
         "by_region": [
             difference_row(name, mask, cmp.loss_a, cmp.loss_b)
             for name, mask in regions
@@ -236,6 +241,49 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: str | Path, run_a: str, 
     return fig
 
 
+def check_listing(top: int, context: int) -> None:
+    """Refuse a --top or --context that lists nothing or slices backwards."""
+    if top < 1 or context < 0:
+        raise AttnlabError(f"--top must be >= 1 and --context >= 0, got {top} and {context}")
+
+
+def table_paths(out: Path) -> list[Path]:
+    """What write_tables writes for ``out``: the top CSV, one CSV per grouping, the PNG."""
+    return [
+        out,
+        *(out.with_name(f"{out.stem}_{g}.csv") for g in GROUPINGS),
+        out.with_suffix(".png"),
+    ]
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError):  # a folder, unreadable, binary
+        return None
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that write_tables cannot write, or whose files it did not write: a .csv
+    path, and every existing file there empty or a table it wrote (its PNG only beside its CSV)."""
+    if out.suffix != ".csv":
+        raise AttnlabError(
+            f"--out {out} must name a .csv file (the grouped tables and the PNG go next to it)"
+        )
+    for path in table_paths(out):
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if path.suffix == ".png":
+            ours = path.is_file() and _first_line(out) == TOP_HEADER
+        else:
+            ours = _first_line(path) in ("", TOP_HEADER if path == out else GROUP_HEADER)
+        if not ours:
+            raise AttnlabError(
+                f"{path} exists and is not one of analyze per-position's files; choose another --out or move it"
+            )
+
+
 def write_tables(
     cmp: Comparison,
     out: Path,
@@ -245,6 +293,7 @@ def write_tables(
 ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]], list[Path]]:
     """The top positions to ``out`` (CSV), each grouping next to it as ``out``_NAME.csv and the
     figure of the groupings as ``out`` with .png: (top rows, groupings, paths written)."""
+    check_out(out)
     rows, groups = top_positions(cmp, top, context), groupings(cmp)
     written = [write_csv(out, rows)]
     for name, group in groups.items():

@@ -50,9 +50,11 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.per_position import compare, write_tables
+    from attnlab.analysis.per_position import check_listing, check_out, compare, write_tables
     from attnlab.device import resolve_device
 
+    check_listing(args.top, args.context)  # before the runs are scored
+    check_out(Path(args.out))
     cmp = compare(
         args.run_a,
         args.run_b,
