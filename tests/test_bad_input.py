@@ -764,3 +764,43 @@ def test_per_position_refuses_an_out_it_did_not_write(
         p = attnlab(*argv, "--out", str(work / "pp.csv"), "--context", "99999999999999999999")
         assert p.returncode == 0, p.stderr
     assert (work / "pp.csv").read_text().startswith("rank,position,context,")
+
+
+@pytest.fixture
+def boosted_dir(tiny_data: Path, tmp_path: Path) -> Path:
+    """An untrained 2-layer boosted (M=2) model folder with the tiny data's tokenizer."""
+    import torch
+    from conftest import tiny_model
+
+    from attnlab.data.prepare import load_dataset
+    from attnlab.model import GPT
+    from attnlab.train.checkpoint import save_checkpoint
+
+    tok = load_dataset(tiny_data).tokenizer
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=tok.vocab_size, boost_rounds=2))
+    return save_checkpoint(tmp_path / "boosted", model, tok)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["attention", "--top", "0"], "--top and --window must be >= 1, got 0 and 16"),
+     (["attention", "--window", "-1"], "--top and --window must be >= 1, got 2 and -1"),
+     # an out-of-range layer was clamped: --layer 7 silently showed layer 1
+     (["attention", "--layer", "7"], "--layer 7 is out of range: the model has layers 0..1"),
+     (["attention", "--layer", "-1"], "--layer -1 is out of range: the model has layers 0..1"),
+     (["hull", "--positions", "0"], "--positions must be >= 1, got 0"),
+     # was "the split has N tokens: fewer than one window", however long the split
+     (["gates", "--sequences", "0"], "--sequences must be >= 1, got 0"),
+     (["entropy", "--sequences", "-2"], "--sequences must be >= 1, got -2")],
+)  # fmt: skip
+def test_analysis_counts_out_of_range_get_one_line(
+    attnlab, boosted_dir: Path, tiny_data: Path, tmp_path: Path, argv, expected
+):
+    from test_folder_safety import snapshot
+
+    before = snapshot(tmp_path)
+    p = attnlab("analyze", argv[0], str(boosted_dir), "--data", str(tiny_data), "--sequences",
+                "1", *argv[1:], "--out", str(tmp_path / "out"))  # fmt: skip
+    assert error_line(p, "analyze") == expected
+    assert snapshot(tmp_path) == before

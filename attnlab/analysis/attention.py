@@ -121,17 +121,26 @@ def analyze(
     tokens: list[int] | None = None,
     sequence: int = 0,
     top: int = 2,
-    layer: int = 1,
+    layer: int | None = None,
     window: int = 16,
     baseline_name: str = "baseline",
 ) -> tuple[list[dict[str, Any]], Path, Path]:
-    """Weights of the chosen tokens in ``layer`` (clamped to the model's), ``window`` context
-    positions each, written to ``out``/attention.csv and attention.png: (panels, csv, png)."""
+    """Weights of the chosen tokens in ``layer`` (None: 1 as in the paper, 0 in a 1-layer
+    model), ``window`` context positions each, written to ``out``/attention.csv and
+    attention.png: (panels, csv, png)."""
     model, tok = inputs.model, inputs.tokenizer
+    n_layer = model.config.n_layer
+    if layer is None:
+        layer = min(1, n_layer - 1)
+    elif not 0 <= layer < n_layer:
+        raise AttnlabError(
+            f"--layer {layer} is out of range: the model has layers 0..{n_layer - 1}"
+        )
+    if top < 1 or window < 1:
+        raise AttnlabError(f"--top and --window must be >= 1, got {top} and {window}")
     models = {"boosted": model, **({"standard": baseline} if baseline is not None else {})}
     scored = {name: token_losses(m, inputs.x, inputs.y) for name, m in models.items()}
     losses = {name: s[0] for name, s in scored.items()}
-    layer = min(max(layer, 0), model.config.n_layer - 1)
     rows, panels = [], []
     for seq, pos in chosen_tokens(inputs, losses, tokens, sequence, top, window):
         weights = {

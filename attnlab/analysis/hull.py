@@ -29,6 +29,7 @@ from scipy.optimize import nnls
 from tqdm import tqdm
 
 from attnlab.analysis.inputs import Inputs, captured, evenly_spaced, require_boosted, write_csv
+from attnlab.errors import AttnlabError
 from attnlab.plotting import pyplot, save_figure
 
 # Allowed gap between the certified bounds, relative to the scale of the point set.
@@ -161,6 +162,8 @@ def plot(rows: list[dict], path: str | Path, run: str = "the boosted model") -> 
 
 def measure(inputs: Inputs, positions: int = 30, progress: bool = False) -> list[dict[str, float]]:
     """hull_table at ``positions`` evenly spaced positions of every window."""
+    if positions < 1:
+        raise AttnlabError(f"--positions must be >= 1, got {positions}")
     at = evenly_spaced(inputs.x.size(1), positions)
     return hull_table(inputs.model, inputs.x, at, progress=progress)
 

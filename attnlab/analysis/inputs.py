@@ -52,6 +52,8 @@ def validation_windows(
 
 def load_inputs(run: str, data: str | None, sequences: int, device: str = "cpu") -> Inputs:
     """A run (or model folder) and ``sequences`` windows of its validation split (or ``data``'s)."""
+    if sequences < 1:  # else validation_windows says the split is too short
+        raise AttnlabError(f"--sequences must be >= 1, got {sequences}")
     model, tokenizer = load_pretrained(run, device=device)
     data_dir = data or run_data_dir(run)
     if data_dir is None:

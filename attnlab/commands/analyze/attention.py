@@ -30,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--top", type=int, default=2, help="tokens to pick when --tokens is not given")
     p.add_argument(
-        "--layer", type=int, default=1, help="layer to show (default 1, as in the paper)"
+        "--layer",
+        type=int,
+        help="layer to show, from 0 (default 1, as in the paper; 0 in a 1-layer model)",
     )
     p.add_argument("--window", type=int, default=16, help="context positions shown per token")
     p.set_defaults(func=run)
