@@ -804,3 +804,40 @@ def test_analysis_counts_out_of_range_get_one_line(
                 "1", *argv[1:], "--out", str(tmp_path / "out"))  # fmt: skip
     assert error_line(p, "analyze") == expected
     assert snapshot(tmp_path) == before
+
+
+GOOD_SPEC = '[variants.a]\npreset = "shakespeare-char"\n[scale.ci]\nseeds = 1\n'
+
+
+def _spec_not_utf8(tmp_path: Path) -> tuple[list[str], str]:
+    spec = tmp_path / "study.toml"
+    spec.write_bytes(b"# caf\xe9\n" + GOOD_SPEC.encode())
+    return [str(spec)], f"study spec {spec} is not UTF-8 text"
+
+
+def _spec_bad_value(tmp_path: Path) -> tuple[list[str], str]:
+    spec = tmp_path / "study.toml"
+    spec.write_text(GOOD_SPEC + '[scale.ci.model]\nn_layer = "two"\n')
+    return [str(spec)], f"{spec}: variant 'a' at ci: n_layer='two' must be of type int"
+
+
+def _study_data_missing(tmp_path: Path) -> tuple[list[str], str]:
+    spec = tmp_path / "study.toml"
+    spec.write_text(GOOD_SPEC)
+    data = tmp_path / "nowhere"
+    return [str(spec), "--data", str(data)], (
+        f"{data / 'meta.json'}: not found (run `attnlab prepare` first)"
+    )
+
+
+@pytest.mark.parametrize("make", [_spec_not_utf8, _spec_bad_value, _study_data_missing])
+def test_a_study_that_cannot_run_writes_no_folder(attnlab, tmp_path: Path, make):
+    """These made the study folder, failed every run (a non-UTF-8 spec: a traceback) and
+    exited 1 with the reason only inside report.md."""
+    from test_folder_safety import snapshot
+
+    args, expected = make(tmp_path)
+    before = snapshot(tmp_path)
+    p = attnlab("study", *args, "--preset", "ci", "--out", str(tmp_path / "out"))
+    assert error_line(p, "study") == expected
+    assert snapshot(tmp_path) == before

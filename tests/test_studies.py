@@ -160,12 +160,12 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
 
 FAILING_STUDY = """
 name = "one-bad"
-description = "a good variant and one whose override is invalid"
+description = "a good variant and one that fails once it trains (a valid config, checked first)"
 [variants.good]
 preset = "shakespeare-char"
 [variants.bad]
 preset = "shakespeare-char"
-model = { n_head = 5 }
+model = { vocab_size = 5 }
 [[comparisons]]
 baseline = "good"
 variant = "bad"
@@ -204,7 +204,7 @@ def test_failing_run_is_recorded_and_others_finish(tmp_path: Path, tiny_data: Pa
         ("bad", 1): "failed",
     }
     bad = [r for r in runs if r["variant"] == "bad"]
-    assert all("n_embd=32 must be divisible by n_head=5" in r["error"] for r in bad)
+    assert all("vocab_size=5 is smaller than the data's" in r["error"] for r in bad)
     good = [r for r in runs if r["variant"] == "good"]
     assert all(r["iters"] == 4 and math.isfinite(r["val_loss"]) for r in good)
     comparison = json.loads((out / "results.json").read_text())["comparisons"][0]

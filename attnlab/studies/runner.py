@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
@@ -47,6 +48,8 @@ def run_study(
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
     kind = KINDS[spec.kind]
     kind.check(spec, preset)
+    if data is not None:
+        load_dataset(data)  # a missing or unprepared folder fails here, not in every run
     folder = StudyDir(out)
     folder.create()
     seed_list = list(range(n_seeds))

@@ -157,7 +157,13 @@ def load_spec(name_or_path: str | Path) -> StudySpec:
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():
             raise AttnlabError(f"study spec {path} does not exist")
-        return parse_spec(_load_toml_text(path.read_text(), str(path)), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise AttnlabError(f"study spec {path} is not UTF-8 text") from None
+        except OSError as e:  # unreadable
+            raise AttnlabError(f"study spec {path}: {e.strerror}") from None
+        return parse_spec(_load_toml_text(text, str(path)), str(path))
     entry = _specs_dir() / f"{name_or_path}.toml"
     if not entry.is_file():
         known = ", ".join(name for name, _ in list_studies())

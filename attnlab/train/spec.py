@@ -98,15 +98,22 @@ def resolve(
         + as_overrides(file_data.pop("train", {}))
         + as_overrides(file_data)
     )
-    model_over, train_over = split_overrides(pairs + list(overrides or []))
-    model = ModelConfig.from_dict({**p.model, **model_over})
-    train = TrainConfig.from_dict(with_scaled_schedule(p.train, train_over))
+    model, train, model_over = configs(preset_name, pairs + list(overrides or []))
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
     # a preset's vocab_size belongs to its own data; other data brings its own vocabulary
     vocab_from_data = "vocab_size" not in model_over and (
         "vocab_size" not in p.model or not is_presets_own_data(p.data, data_dir)
     )
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
+
+
+def configs(preset_name: str, pairs: list[str]) -> tuple[ModelConfig, TrainConfig, dict[str, Any]]:
+    """The preset's configs with the `key=value` ``pairs`` applied and validated, and the model
+    fields the pairs set."""
+    p = get_preset(preset_name)
+    model_over, train_over = split_overrides(pairs)
+    model = ModelConfig.from_dict({**p.model, **model_over})
+    return model, TrainConfig.from_dict(with_scaled_schedule(p.train, train_over)), model_over
 
 
 def is_presets_own_data(wanted: dict[str, Any], data: Path | None) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.prepare import load_dataset
+from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import finished_summary
 from attnlab.studies.jobs import Job, run_all, train_one
@@ -23,14 +24,21 @@ from attnlab.studies.kinds.lm_analyses import run_analyses
 from attnlab.studies.progress import Tracker
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
-from attnlab.train.spec import default_data_for
+from attnlab.train.spec import as_overrides, configs, default_data_for
 
 
 class LanguageModel:
     """Training runs per (variant, seed), paired comparisons, the seed-0 analyses."""
 
     def check(self, spec: StudySpec, preset: str) -> None:
-        """Nothing beyond what reading the spec already checked."""
+        """Every variant's model and training values at ``preset`` are valid: a wrong one fails
+        here, not in each of its runs once the study folder is made."""
+        for name, variant in spec.variants.items():
+            model, train = spec.layered(variant, preset)
+            try:
+                configs(variant.preset, as_overrides(model) + as_overrides(train))
+            except AttnlabError as e:
+                raise AttnlabError(f"{spec.source}: variant {name!r} at {preset}: {e}") from None
 
     def run(self, study: Study) -> Outcome:
         """Every run, then the wall-clock-matched ones; publish after each finished run.
