@@ -841,3 +841,17 @@ def test_a_study_that_cannot_run_writes_no_folder(attnlab, tmp_path: Path, make)
     p = attnlab("study", *args, "--preset", "ci", "--out", str(tmp_path / "out"))
     assert error_line(p, "study") == expected
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--sigma", "nan"], "sigma=nan must be a finite number > 0"),  # every method scored 0%
+     (["--sigma", "inf"], "sigma=inf must be a finite number > 0"),
+     (["--sigma", "0"], "sigma=0.0 must be a finite number > 0"),
+     (["--methods", ","], "no methods given; choose from random, bayes, one-step, "
+      "converged-backprop, converged-deq, boosted")],  # was a traceback after the header
+)  # fmt: skip
+def test_retrieval_refuses_meaningless_settings(attnlab, args, expected):
+    p = attnlab("retrieval", "--steps", "1", "--queries", "10", *args)
+    assert error_line(p, "retrieval") == expected
+    assert p.stdout == ""

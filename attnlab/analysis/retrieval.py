@@ -301,6 +301,8 @@ def run_retrieval(
     ``loss`` None means the protocol's own: the released scripts' ``cos-ce-weights`` (``cos``
     for the converged variants), or ``cos-ce`` under the attnlab protocol.
     """
+    if not methods:
+        raise AttnlabError(f"no methods given; choose from {', '.join(METHODS)}")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise AttnlabError(f"unknown method {unknown[0]!r}; allowed: {', '.join(METHODS)}")
@@ -310,8 +312,10 @@ def run_retrieval(
         raise AttnlabError(f"unknown loss {loss!r}; allowed: {', '.join(LOSSES)}")
     if protocol not in PROTOCOLS:
         raise AttnlabError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
-    if d < 1 or patterns < 2 or sigma <= 0 or rounds < 1 or queries < 1 or steps < 1:
-        raise AttnlabError("need d >= 1, patterns >= 2, sigma > 0, rounds/queries/steps >= 1")
+    if d < 1 or patterns < 2 or rounds < 1 or queries < 1 or steps < 1:
+        raise AttnlabError("need d >= 1, patterns >= 2, rounds/queries/steps >= 1")
+    if not (math.isfinite(sigma) and sigma > 0):  # NaN noise scored 0% for every method
+        raise AttnlabError(f"sigma={sigma} must be a finite number > 0")
     check_seed("seed", seed)
     if protocol == "released":
         return _run_released(d, patterns, sigma, methods, rounds, gate, queries, steps, seed, loss)
