@@ -855,3 +855,34 @@ def test_retrieval_refuses_meaningless_settings(attnlab, args, expected):
     p = attnlab("retrieval", "--steps", "1", "--queries", "10", *args)
     assert error_line(p, "retrieval") == expected
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "out", "expected"),
+    [(["analyze", "entropy", "{model}", "--data", "{data}", "--sequences", "1"], "notes.txt",
+      "{out} exists and is not a folder; choose another --out"),  # a traceback after the analysis
+     (["analyze", "names", "{model}", "--data", "{data}"], "notes.txt",
+      "{out} exists and is not a folder; choose another --out"),
+     # matplotlib wrote a folder --out's figure beside it as FOLDER.png
+     (["bench", "generate", "--quick"], "folder", "--out {out} must name a .png file to write"),
+     (["bench", "overhead", "--quick"], "notes.txt", "--out {out} must name a .png file to write")],
+)  # fmt: skip
+def test_an_out_of_the_wrong_kind_is_refused_before_the_work(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    argv,
+    out,
+    expected,
+):
+    from test_folder_safety import snapshot
+
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "folder").mkdir()
+    before = snapshot(tmp_path)
+    args = [a.format(model=model_dir, data=tiny_data) for a in argv]
+    p = attnlab(*args, "--out", str(tmp_path / out))
+    assert error_line(p, argv[0]) == expected.format(out=tmp_path / out)
+    assert p.stdout == ""
+    assert snapshot(tmp_path) == before

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.cli import register_all
+from attnlab.fsutil import check_out_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,4 +38,9 @@ def add_common_args(parser: Any, sequences: int = 50) -> None:
 
 
 def out_dir(args: Any) -> Path:
-    return Path(args.out) if args.out else Path(args.run) / "analysis"
+    """--out, checked to be a folder or nothing yet (else RUN/analysis): call it before the
+    analysis runs, so that a file there is refused at once."""
+    if not args.out:
+        return Path(args.run) / "analysis"
+    check_out_path(Path(args.out))
+    return Path(args.out)

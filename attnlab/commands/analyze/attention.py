@@ -53,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis.inputs import load_baseline, load_inputs
 
     tokens = positions(args.tokens)
+    out = out_dir(args)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
     panels, csv_path, png = attention.analyze(
         inputs,
-        out_dir(args),
+        out,
         baseline,
         tokens,
         args.sequence,

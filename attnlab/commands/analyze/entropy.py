@@ -18,9 +18,10 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis import entropy
     from attnlab.analysis.inputs import load_baseline, load_inputs
 
+    out = out_dir(args)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
-    rows, csv_path, png = entropy.analyze(inputs, out_dir(args), baseline, str(args.baseline))
+    rows, csv_path, png = entropy.analyze(inputs, out, baseline, str(args.baseline))
     for row in rows:
         if row["layer"] == "all":
             print(f"{row['source']:>8}: mean entropy {row['mean']:.4f} nats")

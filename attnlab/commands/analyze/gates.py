@@ -17,8 +17,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis import gates
     from attnlab.analysis.inputs import load_inputs
 
+    out = out_dir(args)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
-    means, csv_path, png = gates.analyze(inputs, out_dir(args))
+    means, csv_path, png = gates.analyze(inputs, out)
     for layer in range(means.shape[0]):
         print(
             f"layer {layer}: gate mean {means[layer].mean():.4f}  std over dims {means[layer].std():.4f}"

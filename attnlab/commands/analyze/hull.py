@@ -25,8 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis import hull
     from attnlab.analysis.inputs import load_inputs
 
+    out = out_dir(args)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
-    rows, csv_path, png = hull.analyze(inputs, out_dir(args), args.positions, progress=True)
+    rows, csv_path, png = hull.analyze(inputs, out, args.positions, progress=True)
     for layer, mean in hull.layer_means(rows).items():
         print(f"layer {layer}: mean distance {mean:.4g}")
     positive = sum(r["distance"] > hull.INSIDE_TOL for r in rows)

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.analyze import out_dir
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("names", help="speaker names in generated text vs the training cast")
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.device import resolve_device
 
     runs = [args.run] + ([args.run_b] if args.run_b else [])
+    out = out_dir(args)
     report = name_test(
         runs,
         args.samples,
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         args.exact_window,
         str(resolve_device(args.device)),
     )
-    written = write_report(report, Path(args.out) if args.out else Path(args.run) / "analysis")
+    written = write_report(report, out)
     if args.json:
         print(json.dumps(report))
     else:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from attnlab.cli import register_all
 from attnlab.commands._common import apply_threads
+from attnlab.errors import AttnlabError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +64,10 @@ def add_threads_arg(p: argparse.ArgumentParser, also: str = "") -> None:
 
 def figure_path(out: str | None, name: str, quick: bool) -> str:
     """--out, else runs/bench/NAME.png; a --quick smoke test writes NAME-quick.png instead, so
-    that it never replaces a measured figure."""
+    that it never replaces a measured figure. Call it before measuring: an --out that is not a
+    .png path (matplotlib wrote a folder's figure beside it as FOLDER.png) is refused."""
+    if out and (Path(out).suffix.lower() != ".png" or Path(out).is_dir()):
+        raise AttnlabError(f"--out {out} must name a .png file to write")
     return out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
 
 

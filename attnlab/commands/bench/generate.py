@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from attnlab.bench import generate, overhead, train
 
+    out = figure_path(args.out, "generate", args.quick)
     cfg, _ = train.bench_config(args.preset)
     tokens, reps = args.tokens, args.reps
     if args.quick:
@@ -60,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
     for name in missing:
         print(f"{name}: not available (the mechanism adds no parameters in this build)")
     title = f"bench generate, {args.preset}: per-token latency over {tokens} tokens"
-    out = figure_path(args.out, "generate", args.quick)
     generate.plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
     print(f"wrote {out}")
     return 0

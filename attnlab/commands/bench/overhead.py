@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab.bench import overhead
 
+    out = figure_path(args.out, "overhead", args.quick)
     try:
         widths = [int(w) for w in args.widths.split(",") if w.strip()]
     except ValueError:
@@ -65,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
         f"bench overhead: {opts['layers']} layers, batch {opts['batch']}, block {opts['block']}, "
         f"{opts['reps']} interleaved reps, {args.device}{', compiled' if args.compile else ''}"
     )
-    out = figure_path(args.out, "overhead", args.quick)
     overhead.plot(rows, out, f"{SMOKE}\n{title}" if args.quick else title)
     print(f"wrote {out}")
     return 0
