@@ -886,3 +886,22 @@ def test_an_out_of_the_wrong_kind_is_refused_before_the_work(
     assert error_line(p, argv[0]) == expected.format(out=tmp_path / out)
     assert p.stdout == ""
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "vocab", "expected"),
+    [("bytebpe", BIG, f"BPE vocab size must be at most 4,294,967,296, got {int(BIG):,}"),  # traceback
+     ("bpe", "0", "BPE vocab size must be at least 2, got 0"),
+     ("bytebpe", "256", "byte-level BPE vocab size must exceed its 256 byte tokens, got 256")],
+)  # fmt: skip
+def test_a_bpe_vocab_size_is_checked_before_the_corpus_is_read(
+    attnlab, tmp_path: Path, tokenizer, vocab, expected
+):
+    from test_folder_safety import snapshot
+
+    (tmp_path / "corpus.txt").write_text("to be or not to be\n" * 50)
+    before = snapshot(tmp_path)
+    p = attnlab("prepare", "--corpus", str(tmp_path / "corpus.txt"), "--tokenizer", tokenizer,
+                "--vocab-size", vocab, "--out", str(tmp_path / "data"))  # fmt: skip
+    assert error_line(p, "prepare") == expected  # the one line: no "reading ..." before it
+    assert snapshot(tmp_path) == before

@@ -27,7 +27,7 @@ import numpy as np
 from attnlab.data.bins import read_tokens, write_tokens
 from attnlab.data.corpus import EMBEDDED, load_corpus
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
-from attnlab.data.tokenizer import Tokenizer
+from attnlab.data.tokenizer import Tokenizer, check_bpe_vocab
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import replace_folder
 
@@ -50,7 +50,10 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
         if vocab_size is not None:
             raise AttnlabError("--vocab-size applies to the bpe tokenizers only")
         return None
-    return DEFAULT_BPE_VOCAB if vocab_size is None else vocab_size
+    if vocab_size is None:
+        return DEFAULT_BPE_VOCAB
+    check_bpe_vocab(tokenizer, vocab_size)  # before the corpus is read
+    return vocab_size
 
 
 def default_data_dir(tokenizer: str = "char", vocab_size: int | None = None) -> Path:

@@ -49,6 +49,21 @@ def _codes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
 
 
+MAX_VOCAB = 2**32  # token ids are stored as uint32 at most
+
+
+def check_bpe_vocab(kind: str, vocab_size: int) -> None:
+    """Refuse a BPE vocabulary size the tokenizer cannot learn or the bins cannot store."""
+    if kind == "bpe" and vocab_size < 2:
+        raise AttnlabError(f"BPE vocab size must be at least 2, got {vocab_size}")
+    if kind == "bytebpe" and vocab_size <= 256:
+        raise AttnlabError(
+            f"byte-level BPE vocab size must exceed its 256 byte tokens, got {vocab_size}"
+        )
+    if vocab_size > MAX_VOCAB:
+        raise AttnlabError(f"BPE vocab size must be at most {MAX_VOCAB:,}, got {vocab_size:,}")
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` of kind ``"char"``, ``"bpe"`` or ``"bytebpe"``."""
 
@@ -122,8 +137,7 @@ class Tokenizer:
         (prepare passes the characters of the held-out text, which it must not learn merges on).
         ``show_progress``: the tokenizers library's own progress bars (on a terminal).
         """
-        if vocab_size < 2:
-            raise AttnlabError(f"BPE vocab size must be at least 2, got {vocab_size}")
+        check_bpe_vocab("bpe", vocab_size)
         hf = tokenizers.Tokenizer(
             models.BPE(unk_token=UNK, continuing_subword_prefix=SUBWORD_PREFIX)
         )
@@ -146,12 +160,8 @@ class Tokenizer:
     @classmethod
     def train_byte_bpe(cls, text: str, vocab_size: int, show_progress: bool = False) -> Tokenizer:
         """Byte-level BPE of ``vocab_size`` tokens (the 256 byte tokens included) learned on ``text``."""
+        check_bpe_vocab("bytebpe", vocab_size)
         alphabet = pre_tokenizers.ByteLevel.alphabet()
-        if vocab_size <= len(alphabet):
-            raise AttnlabError(
-                f"byte-level BPE vocab size must exceed its {len(alphabet)} byte tokens, "
-                f"got {vocab_size}"
-            )
         hf = tokenizers.Tokenizer(models.BPE())
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf.decoder = decoders.ByteLevel()
