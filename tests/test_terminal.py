@@ -100,6 +100,8 @@ def test_describe_names_data_model_device_and_schedule(tmp_path, tiny_data) -> N
 
     import torch
 
+    from attnlab.train.distributed import DistEnv
+
     trainer = _trainer(tmp_path / "run", tiny_data, gradient_accumulation_steps=2, max_seconds=60)
     data, model, device, schedule = trainer.describe("tiny")
     meta = json.loads((tiny_data / "meta.json").read_text())
@@ -115,6 +117,10 @@ def test_describe_names_data_model_device_and_schedule(tmp_path, tiny_data) -> N
         "schedule: 30 iters, lr 0.003, warmup 5, cosine decay to 0.0003 at 30; batch 8 x 2 accum "
         "x 32 = 512 tokens per step; eval every 10 on 4 batches; stop after 60 s"
     )
+    # under torchrun batch_size is the global batch: the ranks split it, tokens per step stay
+    trainer.dist = DistEnv(rank=0, world_size=2)
+    schedule = trainer.describe("tiny")[3]
+    assert "; batch 8 (4 per rank x 2 ranks) x 2 accum x 32 = 512 tokens per step;" in schedule
 
 
 def test_progress_lines_off_a_terminal(tmp_path, tiny_data, capsys, monkeypatch) -> None:

@@ -293,15 +293,16 @@ class Trainer:
         )
         if cfg.decay_lr and max(decay, cfg.warmup_iters) > cfg.max_iters:
             lrs += f" (beyond max_iters: the last step's lr is {cfg.lr_at(cfg.max_iters - 1):.3g})"
-        per_step = cfg.batch_size * cfg.gradient_accumulation_steps * self.dist.world_size
+        per_step = cfg.batch_size * cfg.gradient_accumulation_steps  # batch_size is global
+        ranks = self.dist.world_size
         lines.append(
             f"schedule: {cfg.max_iters:,} iters, {lrs}; batch {cfg.batch_size}"
+            + (f" ({cfg.batch_size // ranks} per rank x {ranks} ranks)" if ranks > 1 else "")
             + (
                 f" x {cfg.gradient_accumulation_steps} accum"
                 if cfg.gradient_accumulation_steps > 1
                 else ""
             )
-            + (f" x {self.dist.world_size} ranks" if self.dist.enabled else "")
             + f" x {mc.block_size} = {per_step * mc.block_size:,} tokens per step"
             + (" (at most: examples are padded to the longest)" if self.batches_vary else "")
             + f"; eval every {cfg.eval_interval} on {len(self.val_batches)} batches"
