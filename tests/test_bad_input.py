@@ -905,3 +905,17 @@ def test_a_bpe_vocab_size_is_checked_before_the_corpus_is_read(
                 "--vocab-size", vocab, "--out", str(tmp_path / "data"))  # fmt: skip
     assert error_line(p, "prepare") == expected  # the one line: no "reading ..." before it
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("text", [b"hi\n", b"rank,position\n1,2\n"])  # KeyError, IndexError
+def test_a_text_file_given_as_a_checkpoint_gets_one_line(attnlab, tmp_path: Path, text):
+    from test_folder_safety import snapshot
+
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(text)
+    before = snapshot(tmp_path)
+    p = attnlab("import-nanogpt", str(ckpt), "--out", str(tmp_path / "model"))
+    assert error_line(p, "import-nanogpt") == (
+        f"{ckpt} is not a PyTorch checkpoint (its bytes are neither a zip nor a pickle)"
+    )
+    assert snapshot(tmp_path) == before

@@ -261,6 +261,15 @@ def safe_torch_load(path: str | Path) -> Any:
         raise AttnlabError(f"{path} is a folder, not a weights file") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
+    except (
+        KeyError,
+        IndexError,
+        ValueError,
+        TypeError,
+    ):  # the unpickler fed bytes that are no pickle
+        raise AttnlabError(
+            f"{path} is not a PyTorch checkpoint (its bytes are neither a zip nor a pickle)"
+        ) from None
 
 
 def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
