@@ -16,6 +16,8 @@ from attnlab.analysis.names import (
     detect_style,
     extract_headers,
     header_spans,
+    plot,
+    run_labels,
     score_names,
 )
 from attnlab.analysis.per_position import (
@@ -72,6 +74,21 @@ def test_score_names_counts() -> None:
     assert (score["distinct_names"], score["distinct_canonical"]) == (3, 2)
     assert score["most_common"][0] == ("COUNTESS", 2) and score["invented"] == [("BERTRAMO", 1)]
     assert score_names(["no headers here"], cast, style)["fraction_canonical"] is None
+
+
+def test_two_study_runs_get_two_bars(tmp_path: Path) -> None:
+    """Runs of one seed (``.../vanilla-128/seed0``, ``.../kv-bias-112/seed0``) are told apart:
+    by basename both were "seed0", and the figure drew their bars on top of each other."""
+    runs = [str(tmp_path / "runs" / v / "seed0") for v in ("vanilla-128", "kv-bias-112")]
+    assert run_labels(runs) == ["vanilla-128/seed0", "kv-bias-112/seed0"]
+    assert run_labels([runs[0], str(tmp_path / "other")]) == ["seed0", "other"]
+    score = {"headers": 4, "canonical_headers": 3, "distinct_names": 3, "distinct_canonical": 2}
+    report = {"runs": dict.fromkeys(runs, score), "samples": 2, "length": 9, "cast_size": 5}
+    fig = plot(report, tmp_path / "names.png")
+    for ax in fig.axes[:2]:
+        assert [t.get_text() for t in ax.get_xticklabels()] == run_labels(runs)
+        assert len({bar.get_x() for bar in ax.patches}) == 2  # one bar position per run
+    assert "vanilla-128/seed0 and kv-bias-112/seed0" in fig._suptitle.get_text()
 
 
 def test_columns_and_header_distances() -> None:

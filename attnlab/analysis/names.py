@@ -228,12 +228,23 @@ def name_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_labels(runs: Iterable[str]) -> list[str]:
+    """Each run folder by the fewest trailing path parts that tell the runs apart: ``seed0``
+    alone, but ``vanilla-128/seed0`` and ``kv-bias-112/seed0`` side by side."""
+    parts = [Path(run).absolute().parts for run in runs]
+    for k in range(1, max(map(len, parts), default=0) + 1):
+        labels = ["/".join(p[-k:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return ["/".join(p) for p in parts]  # the same folder twice
+
+
 def plot(report: dict[str, Any], path: str | Path) -> Any:
     """Per run, stacked bars of headers (left) and of distinct names (right) naming the real
     cast or invented, the fraction canonical written on each. Returns the Figure."""
     plt = pyplot()
     runs = list(report["runs"])
-    labels = [Path(run).name or run for run in runs]
+    labels = run_labels(runs)
     fig, axes = plt.subplots(1, 2, figsize=(4 + 2 * len(runs), 4), layout="constrained")
     for ax, total_key, real_key, what in (
         (axes[0], "headers", "canonical_headers", "speaker headers"),
@@ -250,7 +261,7 @@ def plot(report: dict[str, Any], path: str | Path) -> Any:
         ax.margins(y=0.15)
     legend_outside(fig, list(axes), ncol=2)
     fig.suptitle(
-        f"name test of {' and '.join(runs)}: {report['samples']} samples x {report['length']} "
+        f"name test of {' and '.join(labels)}: {report['samples']} samples x {report['length']} "
         f"tokens, cast of {report['cast_size']}",
         fontsize=9,
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from attnlab.commands.analyze import out_dir
@@ -40,7 +39,8 @@ def _percent(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any], labels: list[str]) -> None:
+    """The report as a table, one column per run (``labels``: the runs' names, in order)."""
     runs = report["runs"]
     print(
         f"name test: {report['samples']} samples x {report['length']} tokens, temperature "
@@ -54,24 +54,22 @@ def print_report(report: dict[str, Any]) -> None:
         ("distinct names", "distinct_names"),
         ("distinct canonical", "distinct_canonical"),
     ]
-    width = max(12, *(len(Path(r).name) for r in runs))
-    print(" " * 20 + "".join(f"{Path(r).name:>{width + 2}}" for r in runs))
+    width = max(12, *map(len, labels))
+    print(" " * 20 + "".join(f"{label:>{width + 2}}" for label in labels))
     for label, key in rows:
         cells = [
             _percent(s[key]) if key == "fraction_canonical" else str(s[key]) for s in runs.values()
         ]
         print(f"{label:<20}" + "".join(f"{c:>{width + 2}}" for c in cells))
-    for run, score in runs.items():
+    for run, score in zip(labels, runs.values(), strict=True):
         print(
-            f"\n{Path(run).name}: most common {', '.join(f'{n} ({c})' for n, c in score['most_common']) or '-'}"
+            f"\n{run}: most common {', '.join(f'{n} ({c})' for n, c in score['most_common']) or '-'}"
         )
-        print(
-            f"{Path(run).name}: invented {', '.join(f'{n} ({c})' for n, c in score['invented']) or '-'}"
-        )
+        print(f"{run}: invented {', '.join(f'{n} ({c})' for n, c in score['invented']) or '-'}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.names import name_test, write_report
+    from attnlab.analysis.names import name_test, run_labels, write_report
     from attnlab.device import resolve_device
 
     runs = [args.run] + ([args.run_b] if args.run_b else [])
@@ -91,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print_report(report)
+        print_report(report, run_labels(report["runs"]))
         print(f"\nwrote {', '.join(map(str, written))}")
     return 0
