@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         default="ci",
         choices=("ci", "cpu", "paper"),
-        help="scale: ci (a minute), cpu (about an hour on 2 cores), paper (the seed's settings)",
+        help="scale: ci (a smoke test, a few minutes), cpu (about an hour on 2 cores), paper (the seed's settings)",
     )
     p.add_argument("--out", help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
