@@ -919,3 +919,16 @@ def test_a_text_file_given_as_a_checkpoint_gets_one_line(attnlab, tmp_path: Path
         f"{ckpt} is not a PyTorch checkpoint (its bytes are neither a zip nor a pickle)"
     )
     assert snapshot(tmp_path) == before
+
+
+def test_sft_names_a_record_value_of_the_wrong_type(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    """It said "expected {'prompt', 'response'} ... got keys ['prompt', 'response']"."""
+    from test_folder_safety import snapshot
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"prompt": "a", "response": "b"}\n{"prompt": 1, "response": "b"}\n')
+    before = snapshot(tmp_path)
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / "sft"),
+                "max_iters=1", "device=cpu")  # fmt: skip
+    assert error_line(p, "sft") == f"{data}:2: prompt and response must be text, got int and str"
+    assert snapshot(tmp_path) == before

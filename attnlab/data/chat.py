@@ -117,6 +117,12 @@ def _check_record(record: Any, where: str) -> dict[str, Any]:
         return record
     if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
         return record
+    if "prompt" in record and "response" in record:  # the keys are right, a value is not
+        kinds = {k: type(record[k]).__name__ for k in ("prompt", "response")}
+        raise AttnlabError(
+            f"{where}: prompt and response must be text, got {kinds['prompt']} and "
+            f"{kinds['response']}"
+        )
     raise AttnlabError(
         f"{where}: expected {{'prompt', 'response'}} or {{'messages': [...]}}, "
         f"got keys {sorted(record)}"
