@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import os
 import pkgutil
 import sys
 from types import ModuleType
@@ -92,3 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away: `attnlab presets | head -1`
+        # stdout to /dev/null, or the interpreter's last flush fails and complains
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for a command a closed pipe stopped

@@ -932,3 +932,28 @@ def test_sft_names_a_record_value_of_the_wrong_type(attnlab, model_dir: Path, tm
                 "max_iters=1", "device=cpu")  # fmt: skip
     assert error_line(p, "sft") == f"{data}:2: prompt and response must be text, got int and str"
     assert snapshot(tmp_path) == before
+
+
+def test_presets_fields_with_a_name_is_refused(attnlab):
+    """It printed every field and ignored the name (so a typo in it went unnoticed)."""
+    assert error_line(attnlab("presets", "--fields", "shakespeare-chr"), "presets") == (
+        "--fields lists the fields of every preset; drop shakespeare-chr (or drop --fields to "
+        "show that preset)"
+    )
+
+
+@pytest.mark.parametrize("argv", [["presets", "--fields"], ["study", "--list"]])
+def test_a_closed_stdout_ends_quietly_with_sigpipes_status(argv):
+    """`attnlab presets --fields | head -1` was a BrokenPipeError traceback."""
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    proc.stdout.close()  # before the interpreter is up: its first write finds no reader
+    assert proc.wait(timeout=120) == 141  # 128 + SIGPIPE
+    assert proc.stderr.read() == b""

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from attnlab.config import CHOICES, ModelConfig, TrainConfig
+from attnlab.errors import AttnlabError
 from attnlab.field_help import MODEL_HELP, TRAIN_HELP
 from attnlab.presets import PRESETS, get_preset
 
@@ -67,6 +68,11 @@ def preset_lines(name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fields and args.name:  # --fields lists every field, whatever the name
+        raise AttnlabError(
+            f"--fields lists the fields of every preset; drop {args.name} (or drop --fields to "
+            "show that preset)"
+        )
     if args.fields:
         print("\n".join(field_table()))
         return 0
