@@ -957,3 +957,15 @@ def test_a_closed_stdout_ends_quietly_with_sigpipes_status(argv):
     proc.stdout.close()  # before the interpreter is up: its first write finds no reader
     assert proc.wait(timeout=120) == 141  # 128 + SIGPIPE
     assert proc.stderr.read() == b""
+
+
+def test_a_huge_jobs_count_runs_no_more_processes_than_items():
+    """study --jobs 99999999999999999999 was an OverflowError traceback from the process pool."""
+    import operator
+
+    from attnlab.studies.jobs import run_all
+
+    done = []
+    # work(item, threads): item * threads, and each process has one thread of the CPUs
+    run_all(operator.mul, [5, 7], int(BIG), lambda i, result, _s: done.append((i, result)))
+    assert sorted(done) == [(0, 5), (1, 7)]

@@ -74,7 +74,8 @@ def run_all(
             on_done(i, result, time.perf_counter() - t0)
         return
     threads = max(1, (os.cpu_count() or 1) // n_jobs)
-    with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    workers = min(n_jobs, max(1, len(items)))  # no more processes than items: --jobs 10**20 too
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         started = {pool.submit(work, item, threads): i for i, item in enumerate(items)}
         t0 = time.perf_counter()
         for future in as_completed(started):
