@@ -969,3 +969,21 @@ def test_a_huge_jobs_count_runs_no_more_processes_than_items():
     # work(item, threads): item * threads, and each process has one thread of the CPUs
     run_all(operator.mul, [5, 7], int(BIG), lambda i, result, _s: done.append((i, result)))
     assert sorted(done) == [(0, 5), (1, 7)]
+
+
+def test_a_run_trained_on_relative_data_finds_it_from_another_folder(
+    attnlab, tiny_data: Path, tmp_path: Path, monkeypatch
+):
+    """config.json kept --data as typed ("data"): eval, analyze and --resume from another working
+    directory read that folder's "data" instead, or none."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copytree(tiny_data, tmp_path / "a" / "data")
+    monkeypatch.chdir(tmp_path / "a")
+    p = attnlab("train", "--data", "data", "--out", "run", *TINY)
+    assert p.returncode == 0, p.stderr
+    saved = json.loads((tmp_path / "a" / "run" / "config.json").read_text())["data"]
+    assert saved == str((tmp_path / "a" / "data").resolve())
+    monkeypatch.chdir(tmp_path / "b")
+    p = attnlab("eval", str(tmp_path / "a" / "run"), "--device", "cpu")
+    assert p.returncode == 0, p.stderr

@@ -214,7 +214,9 @@ class Trainer:
 
     # --- run folder -------------------------------------------------------------------------
     def _write_run_config(self) -> None:
-        self.run_folder.write_config(RunConfig(self.model_config, self.cfg, str(self.data.dir)))
+        # absolute: a relative --data would name another folder from another working directory
+        data = str(self.data.dir.resolve())
+        self.run_folder.write_config(RunConfig(self.model_config, self.cfg, data))
 
     def _refuse_a_started_run(self) -> None:
         if ckpt.checkpoint_dir(self.run_folder.latest) is not None:
