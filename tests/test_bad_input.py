@@ -987,3 +987,12 @@ def test_a_run_trained_on_relative_data_finds_it_from_another_folder(
     monkeypatch.chdir(tmp_path / "b")
     p = attnlab("eval", str(tmp_path / "a" / "run"), "--device", "cpu")
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("length", ["0", "-3"])  # 0 ran with the default, -3 was a traceback
+def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path, length):
+    p = attnlab("bench", "export", "--prompt-len", length, "--no-compile")
+    assert error_line(p, "bench") == (
+        "--tokens, --prompts, --prompt-len and --reps must be at least 1"
+    )
+    assert p.stdout == ""

@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.bench import export
     from attnlab.bench._timing import format_table
 
-    if min(args.tokens, args.prompts, args.reps) < 1:
-        raise AttnlabError("--tokens, --prompts and --reps must be at least 1")
+    asked_len = 1 if args.prompt_len is None else args.prompt_len  # 0 silently meant default
+    if min(args.tokens, args.prompts, args.reps, asked_len) < 1:
+        raise AttnlabError("--tokens, --prompts, --prompt-len and --reps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-export-") as scratch:
         model, folder = export.bench_model(args.model, args.preset, Path(scratch))
         cfg = model.config
