@@ -149,7 +149,6 @@ def test_folder_metadata(exported: tuple[GPT, Path]) -> None:
         "bos_token_id": start,
         "eos_token_id": end,
         "pad_token_id": end,
-        "max_length": 32,
         "do_sample": True,
         "temperature": 0.8,
         "top_k": 200,

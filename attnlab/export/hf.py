@@ -159,7 +159,9 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
     if kind is None:
         for name, text in remote_code().items():
             (folder / name).write_text(text)
-    generation = {**ids, "max_length": config.block_size, **SAMPLING}
+    # no max_length: transformers warns on every generate(max_new_tokens=...) when the model's
+    # generation config sets one (the context limit is config.json's, and the tokenizer's)
+    generation = {**ids, **SAMPLING}
     (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
     if hf is None:
         return kind
