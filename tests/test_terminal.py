@@ -424,3 +424,21 @@ def test_chat_line_editing_turns_readline_on(monkeypatch) -> None:
     monkeypatch.delitem(sys.modules, "readline", raising=False)
     line_editing()  # what chat does on a terminal: input() then edits lines and keeps history
     assert "readline" in sys.modules or sys.platform == "win32"
+
+
+def test_resuming_a_finished_run_says_how_to_train_further(tiny_run, tmp_path, capsys) -> None:
+    """--resume of a run at its max_iters says it has nothing to train (was 'resuming at 4 of 4')."""
+    import shutil
+
+    from attnlab.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["train", "--resume", str(run)]) == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert (
+        "this run already finished its 4 iters: nothing to train (to train further, pass a larger max_iters=)"
+        in text
+    )
+    assert "resuming at" not in text

@@ -310,7 +310,12 @@ class Trainer:
             + f"; eval every {cfg.eval_interval} on {len(self.val_batches)} batches"
             + (f"; stop after {cfg.max_seconds:g} s" if cfg.max_seconds else "")
         )
-        if self.state.iter:
+        if self.state.iter >= cfg.max_iters:
+            lines.append(
+                f"this run already finished its {cfg.max_iters:,} iters: nothing to train "
+                "(to train further, pass a larger max_iters=)"
+            )
+        elif self.state.iter:
             lines.append(f"resuming at iter {self.state.iter:,} of {cfg.max_iters:,}")
         return lines
 
