@@ -996,3 +996,20 @@ def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path,
         "--tokens, --prompts, --prompt-len and --reps must be at least 1"
     )
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["train", "--steps", "0"], "--steps must be at least 1, got 0"),  # it said "--reps 0"
+     (["overhead", "--batch", "0"], "--batch must be at least 1, got 0"),  # timed empty batches
+     (["generate", "--warmup", "-1"], "--warmup must be at least 0, got -1")],  # ran as 0
+)  # fmt: skip
+def test_bench_counts_below_their_least_get_one_line(attnlab, tmp_path: Path, argv, expected):
+    from test_folder_safety import snapshot
+
+    before = snapshot(tmp_path)
+    out = ["--out", str(tmp_path / "b.png")] if argv[0] != "train" else []
+    p = attnlab("bench", *argv, *out)
+    assert error_line(p, "bench") == expected
+    assert p.stdout == ""
+    assert snapshot(tmp_path) == before

@@ -26,15 +26,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         benchmark.set_defaults(func=checking_device(benchmark.get_default("func")))
 
 
+# the counts a benchmark takes, with their least sensible value (--batch 0 timed empty batches)
+LEAST = {"steps": 1, "batch": 1, "warmup": 0}
+
+
 def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
-    """``func`` with its --device checked first (one line naming the valid choices) and its
-    --threads applied."""
+    """``func`` with its --device checked first (one line naming the valid choices), its counts
+    checked against LEAST and its --threads applied."""
 
     def run(args: argparse.Namespace) -> int:
         from attnlab.device import resolve_device
 
         if getattr(args, "device", None) is not None:
             args.device = str(resolve_device(args.device))
+        for name, least in LEAST.items():
+            value = getattr(args, name, least)
+            if value < least:
+                raise AttnlabError(f"--{name} must be at least {least}, got {value}")
         apply_threads(getattr(args, "threads", None))
         return func(args)
 
