@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
@@ -125,6 +126,28 @@ def swap_in(
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temps(out: Path) -> None:
+    """Delete the temporary siblings ``.OUT.tmp-PID`` (see replace_folder) of processes that no
+    longer run: a SIGKILL or power loss leaves them, hidden, as large as what they were writing.
+    Never the ``.OUT.old-PID`` of swap_in, which may hold the only copy of the old folder."""
+    if os.name != "posix":  # os.kill(pid, 0) asks nothing elsewhere
+        return
+    for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        pid = path.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def replace_folder(
     out: str | Path,
@@ -142,6 +165,7 @@ def replace_folder(
     out = Path(out).expanduser()
     refuse_foreign(out, what, overwrite, is_own, flag)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:

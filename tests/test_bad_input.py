@@ -1013,3 +1013,25 @@ def test_bench_counts_below_their_least_get_one_line(attnlab, tmp_path: Path, ar
     assert error_line(p, "bench") == expected
     assert p.stdout == ""
     assert snapshot(tmp_path) == before
+
+
+def test_a_killed_writers_temporary_folder_is_removed_by_the_next(attnlab, tmp_path: Path):
+    """SIGKILL mid-prepare left .data.tmp-PID (as large as the data) for good."""
+    import os
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "corpus.txt").write_text("to be or not to be\n" * 50)
+    stale = tmp_path / f".data.tmp-{dead.pid}"
+    live = tmp_path / f".data.tmp-{os.getppid()}"  # a running process's: still being written
+    aside = tmp_path / f".data.old-{dead.pid}"  # swap_in's: maybe the only copy of the old data
+    for folder in (stale, live, aside):
+        folder.mkdir()
+        (folder / "train.bin").write_bytes(b"\0" * 8)
+    p = attnlab(
+        "prepare", "--corpus", str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "data")
+    )
+    assert p.returncode == 0, p.stderr
+    assert not stale.exists()
+    assert (live / "train.bin").is_file() and (aside / "train.bin").is_file()
