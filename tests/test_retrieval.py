@@ -155,7 +155,7 @@ def test_cli_json() -> None:
         "rounds": 2,
         "gate": "mlp",
         "protocol": "released",
-        "loss": "protocol default",
+        "loss": {"one-step": "cos-ce-weights"},
         "queries": 300,
         "steps": 5,
         "seed": 0,

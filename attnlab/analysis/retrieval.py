@@ -42,6 +42,7 @@ from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
 LOSSES = ("cos-ce", "cos-ce-weights", "cos", "mse")
 PROTOCOLS = ("released", "attnlab")
 METHODS = ("random", "bayes", "one-step", "converged-backprop", "converged-deq", "boosted")
+UNTRAINED = ("random", "bayes")  # scored by formula: chance, and the Bayes-optimal classifier
 CONVERGED_STEPS = 20
 BETA_INIT = 2.0
 LR = 3e-3
@@ -333,11 +334,22 @@ def run_retrieval(
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = _build(method, d, rounds, gate)
-            train(model, stored, sigma, steps, _generator(seed, TRAIN_STREAM), loss or "cos-ce")
+            generator = _generator(seed, TRAIN_STREAM)
+            train(model, stored, sigma, steps, generator, training_loss(protocol, method, loss))
             with torch.no_grad():
                 out, _ = model(eval_q, stored)
             results[method] = nearest_pattern_accuracy(out, stored, eval_labels)
     return results
+
+
+def training_loss(protocol: str, method: str, loss: str | None = None) -> str:
+    """The loss ``method`` trains with: ``loss`` if given, else the protocol's own (the released
+    scripts' ``cos-ce-weights``, ``cos`` for the converged variants; ``cos-ce`` under attnlab's)."""
+    if loss is not None:
+        return loss
+    if protocol == "attnlab":
+        return "cos-ce"
+    return "cos" if method.startswith("converged") else "cos-ce-weights"
 
 
 def _run_released(
@@ -364,9 +376,9 @@ def _run_released(
                 q, labels = sample_queries(stored, queries, sigma, _generator(seed, EVAL_STREAM))
                 results[method] = bayes_accuracy(stored, q, labels, sigma)
             else:
-                own = "cos" if method.startswith("converged") else "cos-ce-weights"
                 model = _build(method, d, rounds, gate)
-                results[method] = train_released(model, stored, sigma, steps, loss or own, queries)
+                own = training_loss("released", method, loss)
+                results[method] = train_released(model, stored, sigma, steps, own, queries)
                 # the scripts' per-round analysis draws one more query set; keep in step with it
                 sample_queries(stored, queries, sigma, None)
     return results

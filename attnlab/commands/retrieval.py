@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.retrieval import run_retrieval
+    from attnlab.analysis.retrieval import UNTRAINED, run_retrieval, training_loss
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results = run_retrieval(
@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
         "gate": args.gate,
         "protocol": args.protocol,
-        "loss": args.loss or "protocol default",
+        # what each trained method's loss was (the protocol's own unless --loss chose one)
+        "loss": {
+            m: training_loss(args.protocol, m, args.loss) for m in methods if m not in UNTRAINED
+        },
         "queries": args.queries,
         "steps": args.steps,
         "seed": args.seed,
@@ -72,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
         accuracy = {k: round(v, 2) for k, v in results.items()}
         print(json.dumps({"settings": settings, "accuracy": accuracy}))
         return 0
-    print("retrieval " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "methods"))
+    shown = {k: v for k, v in settings.items() if k not in ("methods", "loss")}
+    print("retrieval " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     width = max(len(m) for m in results)
-    print(f"{'method':<{width}}  acc %")
+    print(f"{'method':<{width}}  {'loss':<14}  acc %")
     for method, acc in results.items():
-        print(f"{method:<{width}}  {acc:5.1f}")
+        print(f"{method:<{width}}  {settings['loss'].get(method, '-'):<14}  {acc:5.1f}")
     return 0
