@@ -1035,3 +1035,29 @@ def test_a_killed_writers_temporary_folder_is_removed_by_the_next(attnlab, tmp_p
     assert p.returncode == 0, p.stderr
     assert not stale.exists()
     assert (live / "train.bin").is_file() and (aside / "train.bin").is_file()
+
+
+def test_resume_refuses_data_prepared_again_with_another_tokenizer(
+    attnlab, tiny_data: Path, other_data: Path, tmp_path: Path
+):
+    """`prepare --out DATA` replaces a data folder: --resume then trained on the new text with
+    the old ids (silently, when the vocabulary sizes allowed it)."""
+    from conftest import tiny_model, tiny_train
+    from test_folder_safety import snapshot
+
+    from attnlab.train.trainer import Trainer
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(tiny_data, data)
+    trainer = Trainer(run, tiny_model(), tiny_train(max_iters=10, ckpt_interval=5), data,
+                      quiet=True)  # fmt: skip
+    trainer.run(5)
+    trainer.close()
+    shutil.rmtree(data)
+    shutil.copytree(other_data, data)  # what `prepare --corpus other.txt --out DATA` leaves
+    before = snapshot(run)
+    assert error_line(attnlab("train", "--resume", str(run)), "train") == (
+        f"cannot resume {run}: {data.resolve()} no longer holds the data it was trained on (its "
+        "tokenizer differs from the checkpoint's); restore that data, or train a new run"
+    )
+    assert snapshot(run) == before

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.bins import BatchSampler, fixed_batches
 from attnlab.data.prepare import load_dataset
+from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
@@ -235,6 +236,16 @@ class Trainer:
         folder = ckpt.checkpoint_dir(self.run_folder.latest)
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
+        if (folder / ckpt.TOKENIZER).is_file():  # the data folder may have been prepared again
+            try:
+                tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
+                self.data.check_model(folder, self.model_config.vocab_size, tokenizer)
+            except AttnlabError:
+                raise AttnlabError(
+                    f"cannot resume {self.run_dir}: {self.data.dir} no longer holds the data it "
+                    "was trained on (its tokenizer differs from the checkpoint's); restore that "
+                    "data, or train a new run"
+                ) from None
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
         saved = ckpt.read_trainer_state(folder)
         try:
