@@ -1061,3 +1061,15 @@ def test_resume_refuses_data_prepared_again_with_another_tokenizer(
         "tokenizer differs from the checkpoint's); restore that data, or train a new run"
     )
     assert snapshot(run) == before
+
+
+def test_study_variants_that_name_none_are_refused(attnlab, tmp_path: Path):
+    """`--variants ,` ran every variant of the study (hours at --preset cpu)."""
+    from test_folder_safety import snapshot
+
+    spec = tmp_path / "study.toml"
+    spec.write_text(GOOD_SPEC)
+    before = snapshot(tmp_path)
+    p = attnlab("study", str(spec), "--variants", ",", "--out", str(tmp_path / "out"))
+    assert error_line(p, "study") == "--variants names none; choose from a"
+    assert snapshot(tmp_path) == before

@@ -40,7 +40,9 @@ def run_study(
     ``command`` is recorded at the top of the report. Returns results.json's content with
     study.json's as ``study``.
     """
-    if variants:
+    if variants is not None:
+        if not variants:  # `--variants ,` ran every variant
+            raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
         spec = spec.select(variants)
     scale = spec.scale(preset)
     n_seeds = seeds if seeds is not None else scale.seeds
