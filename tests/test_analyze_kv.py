@@ -210,6 +210,28 @@ def test_per_position_cli(runs: tuple[Path, Path], tmp_path: Path) -> None:
     assert (tmp_path / "pp" / "top.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_per_position_writes_into_run_b_by_default(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """Like every analysis, into RUN/analysis/ (B's), not the working folder."""
+    import shutil
+
+    a, b = (shutil.copytree(r, tmp_path / f"run_{n}") for n, r in zip("ab", runs, strict=True))
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["analyze", "per-position", str(a), str(b), "--max-tokens", "300", "--device", "cpu"]
+    result = run_cli(*args, cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert list(work.iterdir()) == []
+    written = sorted(p.name for p in (b / "analysis").iterdir())
+    assert written == [
+        "per_position.csv",
+        "per_position.png",
+        "per_position_by_column.csv",
+        "per_position_by_header_distance.csv",
+        "per_position_by_region.csv",
+    ]
+    assert not (a / "analysis").exists()
+
+
 def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     from attnlab import from_pretrained
     from attnlab.analysis.names import name_test, sample_texts, training_cast

@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="prepared data folder (default: the runs' own data)")
     p.add_argument(
         "--out",
-        default="per_position.csv",
-        help="CSV of the top positions; the grouped tables and the PNG go next to it",
+        help="CSV of the top positions; the grouped tables and the PNG go next to it "
+        "(default: RUN_B/analysis/per_position.csv)",
     )
     p.add_argument(
         "--max-tokens", type=int, default=None, help="score only the first N validation tokens"
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.device import resolve_device
 
     check_listing(args.top, args.context)  # before the runs are scored
-    check_out(Path(args.out))
+    out = Path(args.out) if args.out else Path(args.run_b) / "analysis" / "per_position.csv"
+    check_out(out)
     cmp = compare(
         args.run_a,
         args.run_b,
@@ -68,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
         f"A {args.run_a}: loss {a:.4f} | B {args.run_b}: loss {b:.4f} | B - A {b - a:+.4f} "
         f"over {len(cmp.loss_a)} validation tokens (block {cmp.block_size})"
     )
-    top, groups, written = write_tables(
-        cmp, Path(args.out), args.top, args.context, (args.run_a, args.run_b)
-    )
+    top, groups, written = write_tables(cmp, out, args.top, args.context, (args.run_a, args.run_b))
     print(f"\ntop {args.top} positions where B beats A (context -> target):")
     shown = [{**row, "shown": f"{row['context']} -> {row['target']}"} for row in top]
     _print_table(shown, ["rank", "position", "shown", "loss_a", "loss_b", "a_minus_b"])
