@@ -3,6 +3,7 @@ with units, a title naming what was run, and plain ticks (matplotlib's objects, 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,19 @@ def check_figure(fig: Any, png: Path, n_axes: int, title_has: str) -> list[Any]:
             fig.canvas.draw()
             labels = axis.get_ticklabels(which="both")
             assert not any("times" in t.get_text() for t in labels)
+        assert_apart(ax.get_xticklabels(), fig)
     return axes
+
+
+def assert_apart(labels: list[Any], fig: Any) -> None:
+    """No two tick labels of an axis overlap on the drawn figure (they did under a bar chart)."""
+    fig.canvas.draw()
+    boxes = sorted(
+        (t.get_window_extent() for t in labels if t.get_visible() and t.get_text()),
+        key=lambda box: box.x0,
+    )
+    for left, right in itertools.pairwise(boxes):
+        assert left.x1 <= right.x0, [t.get_text() for t in labels]
 
 
 def test_bench_overhead_figure_draws_every_row_distinguishably(tmp_path: Path) -> None:
@@ -205,13 +218,14 @@ def test_attention_queries_have_context(tmp_path: Path) -> None:
 def test_per_position_figure(tmp_path: Path) -> None:
     from attnlab.analysis.per_position import plot
 
-    def rows(keys: list[str]) -> list[dict]:
+    def rows(keys: list[str], count: int = 5) -> list[dict]:
         return [
-            {"group": k, "count": 5, "loss_a": 1.0, "loss_b": 0.9, "b_minus_a": -0.1} for k in keys
+            {"group": k, "count": count, "loss_a": 1.0, "loss_b": 0.9, "b_minus_a": -0.1}
+            for k in keys
         ]
 
-    groups = {
-        "by_region": rows(["header", "speech"]),
+    groups = {  # the regions and counts of the embedded corpus (their labels once overlapped)
+        "by_region": rows(["header", "speech", "before any header"], 479_828),
         "by_column": rows(["0", "1", "2+"]),
         "by_header_distance": rows(["none", "0", "1+"]),
     }
@@ -236,7 +250,8 @@ def test_names_figure(tmp_path: Path) -> None:
         "runs": {"runs/a": score, "runs/b": score},
     }
     fig = plot(report, tmp_path / "n.png")
-    axes = check_figure(fig, tmp_path / "n.png", 2, "runs/a and runs/b")
+    # runs are named by the fewest path parts that tell them apart
+    axes = check_figure(fig, tmp_path / "n.png", 2, "name test of a and b")
     for ax in axes:
         assert labelled_lines(ax) == ["in the training cast", "invented"]
         assert [t.get_text() for t in ax.texts] == ["60% real"] * 2 or [

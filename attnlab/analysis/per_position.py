@@ -11,6 +11,7 @@ wins mid-name).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,11 +214,11 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: str | Path, run_a: str, 
     header (lines), each with the zero line; counts under the region bars. Returns the Figure."""
     plt = pyplot()
     fig, (ax_r, ax_c, ax_h) = plt.subplots(
-        1, 3, figsize=(13, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1, 2, 2]}
+        1, 3, figsize=(13, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1.6, 2, 2]}
     )
     regions = groups["by_region"]
-    ax_r.bar(
-        [f"{r['group']}\n({r['count']:,})" for r in regions],
+    ax_r.bar(  # names wrapped: side by side, "speech (479,828)" ran into "before any header"
+        [f"{textwrap.fill(r['group'], 10)}\n({r['count']:,})" for r in regions],
         [r["b_minus_a"] for r in regions],
         color="tab:purple",
         alpha=0.7,
@@ -226,7 +227,7 @@ def plot(groups: dict[str, list[dict[str, Any]]], path: str | Path, run_a: str, 
     ax_r.set(ylabel="loss B - A (nats per token)", xlabel="region (targets)", title="by region")
     for ax, name, xlabel, title in (
         (ax_c, "by_column", "column in the line (characters)", "by column"),
-        (ax_h, "by_header_distance", "characters since the speaker header began", "by header"),
+        (ax_h, "by_header_distance", "characters since the header began", "by header"),
     ):
         rows = [r for r in groups[name] if r["group"] != "none"]
         xs = [int(r["group"].rstrip("+")) for r in rows]
