@@ -97,11 +97,12 @@ def test_import_hf_logits_equal(
             "activation_function 'relu'; attnlab's GPT-2 backbone has 'gelu', 'gelu_new'",
         ),
         (None, "has no config.json"),
+        ([{"model_type": "gpt2"}], "config.json is not a JSON object; expected a Hugging Face"),
         ({"model_type": "llama", "hidden_size": 32}, "missing or malformed field (KeyError"),
     ],
 )
 def test_import_hf_refuses_what_it_cannot_convert(
-    tmp_path: Path, capsys, config: dict | None, message: str
+    tmp_path: Path, capsys, config: dict | list | None, message: str
 ) -> None:
     src = tmp_path / "hf"
     src.mkdir()

@@ -225,7 +225,9 @@ def import_hf(
         data = json.loads(path.read_text())
     except ValueError as e:
         raise AttnlabError(f"{path} is not valid JSON ({e})") from None
-    kind = data.get("model_type") if isinstance(data, dict) else None
+    if not isinstance(data, dict):  # a list or a number said "model_type None"
+        raise AttnlabError(f"{path} is not a JSON object; expected a Hugging Face config.json")
+    kind = data.get("model_type")
     if kind not in hf_map.KINDS:
         raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
     try:
