@@ -34,7 +34,7 @@ from safetensors.torch import save
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import fsync_tree, no_space_message, swap_in
+from attnlab.fsutil import fsync_tree, no_space_message, remove_stale_temps, swap_in
 from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
 from attnlab.model.layers import Rotary
@@ -123,9 +123,9 @@ def save_checkpoint(
     """Atomically (re)write ``folder`` as a checkpoint; an error leaves the old one intact."""
     folder = Path(folder)
     save_number = next(_SAVES)
+    remove_stale_temps(folder)  # left by a killed process
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed process
-        shutil.rmtree(stale, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     aside = folder.parent / f"{folder.name}{ASIDE}"
     try:
         tmp.mkdir(parents=True)
