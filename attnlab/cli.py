@@ -78,6 +78,12 @@ def config_flags_as_overrides(
     getattr(args, dest).extend(a.removeprefix("--") for a in pairs)
 
 
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader went away: the interpreter's last flush would
+    otherwise fail and complain."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -94,6 +100,5 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away: `attnlab presets | head -1`
-        # stdout to /dev/null, or the interpreter's last flush fails and complains
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        silence_stdout()
         return 141  # 128 + SIGPIPE: what a shell reports for a command a closed pipe stopped

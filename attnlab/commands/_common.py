@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from attnlab.cli import silence_stdout
 from attnlab.config import check_seed
 from attnlab.errors import ConfigError
 
@@ -45,9 +46,8 @@ def quiet_broken_pipe() -> Iterator[None]:
     """End quietly when the reader of stdout goes away (``attnlab sample | head``)."""
     try:
         yield
-    except BrokenPipeError:
-        # stdout to /dev/null: the interpreter's last flush would otherwise fail and complain
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # unlike main's handler, the command still ends with status 0
+        silence_stdout()
 
 
 def compile_announced(model: Any) -> Any:
