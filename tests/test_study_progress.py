@@ -8,10 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
 from attnlab.studies import jobs
+from attnlab.studies.kinds import lm
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec, parse_spec
 from attnlab.train.trainer import Trainer
@@ -58,8 +60,13 @@ def test_progress_lines_and_results_after_every_run(tmp_path: Path, tiny_data: P
         seen_runs.append(len(json.loads((out / "results.json").read_text())["runs"]))
 
     run_study(_spec(), "ci", out, data=tiny_data, progress=progress, command="attnlab study x")
-    # 2 variants + the wall-clock-matched baseline, 2 seeds; seed-major order for the first two
-    assert len(lines) == 6 and seen_runs == [1, 2, 3, 4, 5, 6]
+    # 2 variants + the wall-clock-matched baseline, 2 seeds; seed-major order for the first two,
+    # then the side-by-side timing that sets the wall-clock-matched budget
+    assert lines.pop(4) == (
+        "timing kv against base side by side (30 interleaved training steps each) "
+        "for the wall-clock-matched budget"
+    )
+    assert len(lines) == 6 and seen_runs == [1, 2, 3, 4, 4, 5, 6]
     order = [re.match(r"\[\d/6\] (\S+) seed (\d)", line).groups() for line in lines]
     assert order[:4] == [("base", "0"), ("kv", "0"), ("base", "1"), ("kv", "1")]
     assert {o[0] for o in order[4:]} == {"base-wallclock"}
@@ -128,6 +135,67 @@ def test_interrupted_study_resumes_mid_run_and_equals_uninterrupted(
     a = load_file(str(whole / "runs/kv/seed0/latest/model.safetensors"))
     b = load_file(str(cut / "runs/kv/seed0/latest/model.safetensors"))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    timed: list[jobs.Pace] = []
+
+    def fixed_ratio(pace: jobs.Pace, threads: int | None = None) -> dict:
+        timed.append(pace)
+        return {
+            "baseline_sec_per_step": 0.2,
+            "mechanism_sec_per_step": 0.3,
+            "ratio": 1.5,
+            "ratio_iqr": [1.4, 1.6],
+            "reps": pace.reps,
+            "threads": 1,
+        }
+
+    monkeypatch.setattr(lm, "time_steps", fixed_ratio)
+    out = tmp_path / "study"
+    run_study(_spec(), "ci", out, seeds=1, data=tiny_data)
+    assert [(p.baseline_run, p.mechanism_run) for p in timed] == [
+        (str(out / "runs/base/seed0"), str(out / "runs/kv/seed0"))
+    ]
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {r["variant"]: r["iters"] for r in runs} == {"base": 8, "kv": 8, "base-wallclock": 12}
+    report = (out / "report.md").read_text()
+    assert "kv takes 1.500x (IQR 1.400-1.600) the time per training step of base (300.0 vs " in (
+        report
+    )
+    assert "`base-wallclock` trains base for 12 iterations." in report
+
+    # The budget is kept in study.json: more seeds later are not timed again.
+    run_study(_spec(), "ci", out, seeds=2, data=tiny_data)
+    assert len(timed) == 1
+
+
+def test_time_steps_times_both_runs_and_leaves_the_random_stream(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    out = tmp_path / "study"
+    run_study(_spec(), "ci", out, seeds=1, data=tiny_data, variants=["base", "kv"])
+    before = torch.random.get_rng_state()
+    pace = jobs.Pace(str(out / "runs/base/seed0"), str(out / "runs/kv/seed0"), reps=3, warmup=1)
+    threads = torch.get_num_threads()
+    try:
+        got = jobs.time_steps(pace, threads=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert set(got) == {
+        "baseline_sec_per_step",
+        "mechanism_sec_per_step",
+        "ratio",
+        "ratio_iqr",
+        "reps",
+        "threads",
+    }
+    assert got["reps"] == 3 and got["threads"] == 1
+    assert got["baseline_sec_per_step"] > 0 and got["mechanism_sec_per_step"] > 0
+    assert got["ratio_iqr"][0] <= got["ratio"] <= got["ratio_iqr"][1]
 
 
 def test_variant_selection_keeps_comparisons_between_selected_arms() -> None:

@@ -9,6 +9,7 @@ repetition cancels in each ratio.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -107,11 +108,13 @@ def train_step(
     device: torch.device | str = "cpu",
     seed: int = 0,
     compile: bool = False,
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[Callable[[], None], torch.nn.Module]:
     """A closure doing one forward + backward + AdamW step of ``GPT(config)`` on a fixed random batch.
 
     Returns (step, model). The loss is never read back, so no step forces a host sync. With
-    ``compile`` the forward runs under ``torch.compile`` (compiled on the first step, i.e. warm-up).
+    ``compile`` the forward runs under ``torch.compile`` (compiled on the first step, i.e. warm-up);
+    with ``amp_dtype`` under autocast, as the trainer runs it.
     """
     torch.manual_seed(seed)
     model = GPT(config).to(device)
@@ -121,9 +124,11 @@ def train_step(
     y = torch.randint(config.vocab_size, (batch_size, config.block_size), generator=gen).to(device)
 
     forward = torch.compile(model) if compile else model
+    kind = torch.device(device).type
 
     def step() -> None:
-        _, loss = forward(x, y)
+        with torch.autocast(kind, amp_dtype) if amp_dtype else contextlib.nullcontext():
+            _, loss = forward(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -1,8 +1,9 @@
 """The units of work of a study, their workers and the pool that runs them.
 
-A ``Job`` is one training run of an lm study; a ``Cell`` one retrieval table cell under one
-protocol. Their workers (``train_one``, ``score_cell``) never raise for a broken variant and run
-in-process or in spawned processes (``run_all``), so both must stay importable at module level.
+A ``Job`` is one training run of an lm study; a ``Pace`` the side-by-side timing of two finished
+runs' models behind a wall-clock match; a ``Cell`` one retrieval table cell under one protocol.
+Their workers (``train_one``, ``time_steps``, ``score_cell``) run in-process or in spawned
+processes (``run_all``, with the threads a run gets), so all must stay importable at module level.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, TypeVar
 import torch
 
 from attnlab.analysis.retrieval import run_retrieval
+from attnlab.bench._timing import interleaved, synchronizer, train_step
+from attnlab.device import autocast_dtype, resolve_device
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.train import checkpoint as ckpt
 from attnlab.train.spec import as_overrides, resolve
@@ -40,6 +43,16 @@ class Job:
     data: str
     run_dir: str
     max_iters: int | None = None  # the wall-clock-matched budget; the schedule stretches with it
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Time one training step of two finished runs' models, interleaved, in one process."""
+
+    baseline_run: str
+    mechanism_run: str
+    reps: int
+    warmup: int = 2
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,34 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
             "skipped": False,
             "seconds": time.perf_counter() - t0,
         }
+
+
+def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
+    """Median seconds per training step of both runs' models (their saved configs, batch size,
+    device and precision, random tokens) and the median per-repetition ratio mechanism/baseline.
+
+    Both arms are timed alternately in one process, so load from other work on the machine falls
+    on both alike; the runs' own logged step times do not share that protection.
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
+    steps = {}
+    for arm, folder in (("baseline", pace.baseline_run), ("mechanism", pace.mechanism_run)):
+        config = RunDir(folder).read_config()
+        device = resolve_device(config.train.device)
+        amp = autocast_dtype(config.train.dtype, device)
+        with torch.random.fork_rng(devices=[]):  # the timing's init must not move a run's stream
+            steps[arm] = train_step(config.model, config.train.batch_size, device, amp_dtype=amp)[0]
+    timings = interleaved(steps, "baseline", pace.reps, pace.warmup, synchronizer(device))
+    base, mech = timings["baseline"], timings["mechanism"]
+    return {
+        "baseline_sec_per_step": base.median_s,
+        "mechanism_sec_per_step": mech.median_s,
+        "ratio": mech.ratio,
+        "ratio_iqr": list(mech.ratio_iqr),
+        "reps": pace.reps,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _new_trainer(job: Job, run_dir: Path) -> Trainer:

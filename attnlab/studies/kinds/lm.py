@@ -17,7 +17,7 @@ from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import finished_summary
-from attnlab.studies.jobs import Job, run_all, train_one
+from attnlab.studies.jobs import Job, Pace, run_all, time_steps, train_one
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
@@ -25,6 +25,8 @@ from attnlab.studies.progress import Tracker
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
 from attnlab.train.spec import as_overrides, configs, default_data_for
+
+WALLCLOCK_REPS = 30  # interleaved training steps per arm behind a wall-clock-matched budget
 
 
 class LanguageModel:
@@ -69,7 +71,7 @@ class LanguageModel:
         for name in clocked:
             v = spec.variants[name]
             if name not in budgets:
-                budget = wallclock_budget(runs, v.matches or "", v.clock_of or "")
+                budget = wallclock_budget(study, runs, v.matches or "", v.clock_of or "")
                 if budget is not None:
                     budgets[name] = budget
         iters = {k: b["iters"] for k, b in budgets.items()}
@@ -140,29 +142,45 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
 
 
 def wallclock_budget(
-    runs: list[dict[str, Any]], baseline: str, mechanism: str
+    study: Study, runs: list[dict[str, Any]], baseline: str, mechanism: str
 ) -> dict[str, Any] | None:
-    """Iterations for ``baseline`` that take as long as ``mechanism``'s runs (means over seeds).
+    """Iterations for ``baseline`` that take as long as ``mechanism``'s runs.
 
-    ``iters = baseline iters * mechanism sec/step / baseline sec/step``; None when either arm
-    has no finished run to time.
+    ``iters = mechanism iters (mean over seeds) * step-time ratio``, the ratio timed side by side
+    (``time_steps``) on the first seed's finished runs of both arms, with the threads a run gets:
+    the runs' own logged step times include whatever else shared the machine while each trained.
+    None when either arm has no finished run.
     """
-    base = [r for r in _finished(runs, baseline) if r.get("sec_per_step")]
-    mech = [r for r in _finished(runs, mechanism) if r.get("sec_per_step")]
+    base = _finished(runs, baseline)
+    mech = _finished(runs, mechanism)
     if not base or not mech:
         return None
-    base_sps = sum(r["sec_per_step"] for r in base) / len(base)
-    mech_sps = sum(r["sec_per_step"] for r in mech) / len(mech)
+    pace = Pace(min(base, key=_seed)["run_dir"], min(mech, key=_seed)["run_dir"], WALLCLOCK_REPS)
+    if study.progress is not None:
+        study.progress(
+            f"timing {mechanism} against {baseline} side by side ({pace.reps} interleaved "
+            "training steps each) for the wall-clock-matched budget"
+        )
+    timed: list[dict[str, Any]] = []
+    run_all(time_steps, [pace], study.jobs, lambda _i, result, _s: timed.append(result))
     mech_iters = sum(r["iters"] for r in mech) / len(mech)
-    iters = max(1, round(mech_iters * mech_sps / base_sps))
+    logged = all(r.get("sec_per_step") for r in base + mech)
     return {
         "baseline": baseline,
         "mechanism": mechanism,
-        "baseline_sec_per_step": base_sps,
-        "mechanism_sec_per_step": mech_sps,
-        "ratio": mech_sps / base_sps,
-        "iters": iters,
+        **timed[0],
+        "timed_runs": [pace.baseline_run, pace.mechanism_run],
+        "logged_ratio": _mean_sps(mech) / _mean_sps(base) if logged else None,
+        "iters": max(1, round(mech_iters * timed[0]["ratio"])),
     }
+
+
+def _seed(row: dict[str, Any]) -> int:
+    return int(row["seed"])
+
+
+def _mean_sps(rows: list[dict[str, Any]]) -> float:
+    return sum(r["sec_per_step"] for r in rows) / len(rows)
 
 
 def _finished(runs: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
