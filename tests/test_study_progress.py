@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_folder_safety import snapshot
 
 from attnlab.errors import AttnlabError
 from attnlab.studies import jobs
-from attnlab.studies.kinds import lm
+from attnlab.studies.kinds import lm, lm_report
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec, parse_spec
 from attnlab.train.trainer import Trainer
@@ -162,9 +164,10 @@ def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert {r["variant"]: r["iters"] for r in runs} == {"base": 8, "kv": 8, "base-wallclock": 12}
     report = (out / "report.md").read_text()
-    assert "kv takes 1.500x (IQR 1.400-1.600) the time per training step of base (300.0 vs " in (
-        report
-    )
+    assert (
+        "kv takes 1.500x the time per training step of base (300.0 vs 200.0 ms), IQR 1.400-1.600, "
+        "timed side by side: 30 interleaved steps each of the first seed's models on 1 thread(s)."
+    ) in report
     assert "`base-wallclock` trains base for 12 iterations." in report
 
     # The budget is kept in study.json: more seeds later are not timed again.
@@ -196,6 +199,71 @@ def test_time_steps_times_both_runs_and_leaves_the_random_stream(
     assert got["reps"] == 3 and got["threads"] == 1
     assert got["baseline_sec_per_step"] > 0 and got["mechanism_sec_per_step"] > 0
     assert got["ratio_iqr"][0] <= got["ratio"] <= got["ratio_iqr"][1]
+
+
+def test_a_budget_from_an_earlier_attnlab_is_reported_as_logged_times() -> None:
+    record = {
+        "wallclock": {
+            "base-wallclock": {
+                "baseline": "base",
+                "mechanism": "kv",
+                "baseline_sec_per_step": 1.0,
+                "mechanism_sec_per_step": 1.457,
+                "ratio": 1.457,
+                "iters": 1166,
+            }
+        }
+    }
+    assert lm_report._wallclock_lines(record) == [
+        "**Wall-clock matching.** kv takes 1.457x the time per training step of base (1457.0 vs "
+        "1000.0 ms), from the runs' own logged step times (mean over seeds), which include "
+        "whatever else ran on the machine during each run; a fresh --out times both arms side by "
+        "side. So `base-wallclock` trains base for 1166 iterations.",
+        "",
+    ]
+
+
+def _with_train(**train: object) -> dict:
+    """TWO_ARMS with its ci training values changed."""
+    spec = json.loads(json.dumps(TWO_ARMS))
+    spec["scale"]["ci"]["train"].update(train)
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"train": {"max_iters": 6}}, "train.max_iters 8, not 6"),
+        ({"train": {"learning_rate": 3e-3}}, "train.learning_rate 0.001, not 0.003"),
+        ({"data": "other"}, "data "),
+    ],
+)
+def test_a_study_refuses_run_folders_of_another_setup(
+    tmp_path: Path, tiny_data: Path, change: dict, expected: str
+) -> None:
+    """Another preset, spec, --data or budget would silently reuse wrong finished runs."""
+    out = tmp_path / "study"
+    run_study(_spec(), "ci", out, seeds=1, data=tiny_data, variants=["base", "kv"])
+    before = snapshot(out)
+    data = tiny_data
+    if "data" in change:  # the same tokens in another folder: still another setup
+        data = tmp_path / "other"
+        shutil.copytree(tiny_data, data)
+    spec = parse_spec(_with_train(**change.get("train", {})), "two-arms.toml")
+    with pytest.raises(AttnlabError) as e:
+        run_study(spec, "ci", out, seeds=1, data=data, variants=["base", "kv"])
+    message = str(e.value)
+    assert message.startswith(
+        f"{out / 'runs/base/seed0'} holds a run of another setup than base seed 0 here ("
+    )
+    assert expected in message and message.endswith(
+        "): use another --out, or move that folder away to train it again"
+    )
+    assert "\n" not in message
+    assert snapshot(out) == before
+    # the setup the runs were made with is still accepted (and trains nothing)
+    again = run_study(_spec(), "ci", out, seeds=1, data=tiny_data, variants=["base", "kv"])
+    assert again["study"]["retrained"] == 0
 
 
 def test_variant_selection_keeps_comparisons_between_selected_arms() -> None:

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,10 +21,12 @@ import torch
 
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench._timing import interleaved, synchronizer, train_step
+from attnlab.config import ModelConfig, TrainConfig
 from attnlab.device import autocast_dtype, resolve_device
+from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.train import checkpoint as ckpt
-from attnlab.train.spec import as_overrides, resolve
+from attnlab.train.spec import RunSpec, as_overrides, resolve
 from attnlab.train.trainer import Trainer
 
 Item = TypeVar("Item")
@@ -165,7 +167,8 @@ def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
     }
 
 
-def _new_trainer(job: Job, run_dir: Path) -> Trainer:
+def _planned(job: Job) -> RunSpec:
+    """What a new run of ``job`` trains: its preset, overrides, seed and iteration budget."""
     spec = resolve(job.preset, None, as_overrides(job.model) + as_overrides(job.train), job.data)
     train = spec.train.replace(
         seed=job.seed, extra={**spec.train.extra, "study_variant": job.variant}
@@ -176,9 +179,58 @@ def _new_trainer(job: Job, run_dir: Path) -> Trainer:
             max_iters=job.max_iters,
             lr_decay_iters=None if decay in (None, train.max_iters) else decay,
         )
+    return replace(spec, train=train)
+
+
+def _new_trainer(job: Job, run_dir: Path) -> Trainer:
+    spec = _planned(job)
     return Trainer.start(
-        run_dir, spec.model, train, spec.data_dir, vocab_from_data=spec.vocab_from_data, quiet=True
+        run_dir,
+        spec.model,
+        spec.train,
+        spec.data_dir,
+        vocab_from_data=spec.vocab_from_data,
+        quiet=True,
     )
+
+
+# train fields that leave a run's arithmetic alone: a run may be resumed with other values
+_INCIDENTAL = {"extra", "log_interval", "ckpt_interval", "tensorboard", "compile"}
+
+
+def setup_differences(job: Job) -> list[str]:
+    """How the run already in ``job.run_dir`` (finished or not) differs from what ``job`` would
+    train, as "field: the run's, not the job's" (empty when no run is there yet, or the same)."""
+    folder = RunDir(job.run_dir)
+    if not folder.config.is_file():
+        return []
+    saved, planned = folder.read_config(), _planned(job)
+
+    def fields(model: ModelConfig, train: TrainConfig, data: str) -> dict[str, Any]:
+        out = {f"model.{k}": v for k, v in model.to_dict().items()}
+        if planned.vocab_from_data:  # follows the data, which is compared itself
+            del out["model.vocab_size"]
+        out.update({f"train.{k}": v for k, v in train.to_dict().items() if k not in _INCIDENTAL})
+        out["train.lr_decay_iters"] = train.lr_decay_iters or train.max_iters
+        return {**out, "data": str(Path(data).expanduser().resolve())}
+
+    have = fields(saved.model, saved.train, saved.data)
+    want = fields(planned.model, planned.train, job.data)
+    return [f"{k} {have.get(k)!r}, not {v!r}" for k, v in want.items() if have.get(k) != v]
+
+
+def refuse_other_setups(jobs: Sequence[Job]) -> None:
+    """Refuse, before anything trains, a study whose run folders hold runs of another setup
+    (another preset, --data, spec or wall-clock budget): reusing them would pair wrong runs."""
+    for job in jobs:
+        diffs = setup_differences(job)
+        if diffs:
+            more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+            raise AttnlabError(
+                f"{job.run_dir} holds a run of another setup than {job.variant} seed {job.seed} "
+                f"here ({'; '.join(diffs[:3])}{more}): use another --out, or move that folder "
+                "away to train it again"
+            )
 
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import finished_summary
-from attnlab.studies.jobs import Job, Pace, run_all, time_steps, train_one
+from attnlab.studies.jobs import Job, Pace, refuse_other_setups, run_all, time_steps, train_one
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
@@ -138,6 +138,7 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
         for seed in study.seeds
         for name, variant_preset, model, train, folder in arms
     ]
+    refuse_other_setups(jobs)
     return sorted(jobs, key=lambda job: finished_summary(job.run_dir) is None)  # stable
 
 
