@@ -1,8 +1,10 @@
 """Synthetic retrieval: analytic baselines, trained models, determinism and the CLI."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,11 +12,16 @@ import torch
 from attnlab.analysis.retrieval import (
     Converged,
     bayes_accuracy,
+    check_memory,
     make_patterns,
+    memory_needed,
     retrieval_loss,
     run_retrieval,
     sample_queries,
 )
+from attnlab.errors import AttnlabError
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_bayes_matches_paper_ceiling() -> None:
@@ -120,12 +127,14 @@ def test_attnlab_protocol_scores_every_method_on_one_eval_set() -> None:
     assert both == {"boosted": one, "one-step": one}  # same init, batches and eval queries
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "attnlab", "retrieval", *args],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 
@@ -168,6 +177,49 @@ def test_cli_bad_method_is_one_clean_line() -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "oracle" in lines[0] and "one-step" in lines[0]
+
+
+def test_memory_needed_by_formula() -> None:
+    d, k, q = 10, 3, 100
+    # patterns 30; attnlab's eval set 1000 held; one-step: 300 weights, training
+    # 4 * 300 + 512 * 13 = 7856 against scoring 300 + 100 * 13 = 1600
+    assert memory_needed(d, k, ["random", "one-step"], 2, q, "attnlab") == 4 * (30 + 1000 + 7856)
+    # released: no eval set held; bayes 1000 + 300; boosted's 2 rounds: 4 * 600 + 6656
+    assert memory_needed(d, k, ["bayes", "boosted"], 2, q, "released") == 4 * (30 + 9056)
+    assert memory_needed(d, k, ["random"], 2, q, "released") == 4 * 30  # draws no queries
+    # a large query set: scoring (weights, query set, outputs, logits) is the peak
+    assert memory_needed(d, k, ["one-step"], 2, 10**6, "released") == 4 * (
+        30 + 300 + 10**7 + 10**6 * 13
+    )
+
+
+def test_check_memory_refuses_only_past_the_machine(monkeypatch) -> None:
+    args = (64, 16, ["bayes", "boosted"], 2, 5000, "released")
+    need = memory_needed(*args)
+    monkeypatch.setattr("attnlab.analysis.retrieval.device_memory", lambda device: need)
+    check_memory(*args)
+    monkeypatch.setattr("attnlab.analysis.retrieval.device_memory", lambda device: need - 1)
+    with pytest.raises(AttnlabError, match=r"d=64, patterns=16, queries=5,000, rounds=2 needs"):
+        check_memory(*args)
+    with pytest.raises(AttnlabError, match="needs at least"):  # refused before any drawing
+        run_retrieval(*args[:2], 0.5, args[2], queries=5000)
+
+
+@pytest.mark.parametrize(
+    ("flags", "sizes"),
+    [
+        (["--d", "100000000"], "d=100,000,000, patterns=16, queries=5,000, rounds=2"),
+        (["--queries", "10000000000"], "d=64, patterns=16, queries=10,000,000,000, rounds=2"),
+        (["--patterns", "10000000000", "--methods", "random"], "patterns=10,000,000,000, q"),
+    ],
+)
+def test_cli_sizes_too_large_for_memory_are_one_line(tmp_path, flags, sizes) -> None:
+    proc = _cli(*flags, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert sizes in lines[0] and "needs at least" in lines[0] and "make them smaller" in lines[0]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

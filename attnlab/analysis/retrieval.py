@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from attnlab.config import check_seed
 from attnlab.errors import AttnlabError
 from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
+from attnlab.model.memory import FLOAT_BYTES, device_memory, gib
 
 LOSSES = ("cos-ce", "cos-ce-weights", "cos", "mse")
 PROTOCOLS = ("released", "attnlab")
@@ -318,6 +319,7 @@ def run_retrieval(
     if not (math.isfinite(sigma) and sigma > 0):  # NaN noise scored 0% for every method
         raise AttnlabError(f"sigma={sigma} must be a finite number > 0")
     check_seed("seed", seed)
+    check_memory(d, patterns, methods, rounds, queries, protocol)
     if protocol == "released":
         return _run_released(d, patterns, sigma, methods, rounds, gate, queries, steps, seed, loss)
 
@@ -340,6 +342,48 @@ def run_retrieval(
                 out, _ = model(eval_q, stored)
             results[method] = nearest_pattern_accuracy(out, stored, eval_labels)
     return results
+
+
+def memory_needed(
+    d: int, patterns: int, methods: Sequence[str], rounds: int, queries: int, protocol: str
+) -> int:
+    """Bytes at least that ``run_retrieval`` holds at its peak, from the sizes alone.
+
+    Always the patterns (K x d); under the attnlab protocol the evaluation queries (queries x d)
+    for the whole run, under the released one a query set drawn per scored method. Then the
+    largest of the methods, which run one after another: bayes holds the query set and one
+    posterior per query and pattern; a trained method's ``s`` attention steps (``3 d^2``
+    weights each; ``s`` = rounds for boosted) are held four times while training (weights,
+    gradients, Adam's two moments) beside a batch of queries and its logits, and once while
+    scoring beside the query set, the outputs and the logits.
+    """
+    query_set = 0 if protocol == "attnlab" else queries * d
+    peak = 0
+    for method in methods:
+        if method == "bayes":
+            peak = max(peak, query_set + queries * patterns)
+        elif method not in UNTRAINED:
+            weights = 3 * d * d * (rounds if method == "boosted" else 1)
+            training = 4 * weights + BATCH * (d + patterns)
+            scoring = weights + query_set + queries * (d + patterns)
+            peak = max(peak, training, scoring)
+    held = patterns * d + (queries * d if protocol == "attnlab" else 0)
+    return (held + peak) * FLOAT_BYTES
+
+
+def check_memory(
+    d: int, patterns: int, methods: Sequence[str], rounds: int, queries: int, protocol: str
+) -> None:
+    """Refuse, before allocating, sizes whose ``memory_needed`` exceeds the machine's memory."""
+    need = memory_needed(d, patterns, methods, rounds, queries, protocol)
+    have = device_memory(torch.device("cpu"))
+    if have is not None and need > have:
+        sizes = f"d={d:,}, patterns={patterns:,}, queries={queries:,}"
+        sizes += f", rounds={rounds:,}" if "boosted" in methods else ""
+        raise AttnlabError(
+            f"retrieval with {sizes} needs at least {gib(need)} of memory, and this machine has "
+            f"{gib(have)}; make them smaller"
+        )
 
 
 def training_loss(protocol: str, method: str, loss: str | None = None) -> str:

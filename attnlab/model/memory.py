@@ -56,7 +56,8 @@ def device_memory(device: torch.device) -> int | None:
         return None
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
+    """``n`` bytes in GiB, for messages: ``1,024.0 GiB``."""
     return f"{n / 2**30:,.1f} GiB"
 
 
@@ -74,7 +75,7 @@ def check_fits(
         return
     task = f"to train with batch_size={batch_size}" if batch_size is not None else "for the weights"
     raise AttnlabError(
-        f"{what} cannot fit: {parameter_count(config):,} parameters need at least {_gib(need)} "
-        f"{task}, and {device.type} has {_gib(have)}; make it smaller (n_layer, n_embd, "
+        f"{what} cannot fit: {parameter_count(config):,} parameters need at least {gib(need)} "
+        f"{task}, and {device.type} has {gib(have)}; make it smaller (n_layer, n_embd, "
         f"block_size, vocab_size{', batch_size' if batch_size is not None else ''})"
     )
