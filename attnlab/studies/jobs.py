@@ -200,7 +200,7 @@ _INCIDENTAL = {"extra", "log_interval", "ckpt_interval", "tensorboard", "compile
 
 def setup_differences(job: Job) -> list[str]:
     """How the run already in ``job.run_dir`` (finished or not) differs from what ``job`` would
-    train, as "field: the run's, not the job's" (empty when no run is there yet, or the same)."""
+    train, each as "FIELD THE_RUN'S, not THE_JOB'S" (empty when no run is there yet, or alike)."""
     folder = RunDir(job.run_dir)
     if not folder.config.is_file():
         return []
