@@ -86,8 +86,9 @@ def test_single_line_corpus_cannot_hold_out_validation(tmp_path) -> None:
 
 
 def test_bad_val_fraction_and_hf_spec() -> None:
-    with pytest.raises(AttnlabError, match="val_fraction"):
-        load_corpus(val_fraction=1.0)
+    for fraction in (0.0, 1.0):
+        with pytest.raises(AttnlabError, match=r"val_fraction must be in \(0, 1\)"):
+            load_corpus(val_fraction=fraction)
     with pytest.raises(AttnlabError, match="hf:NAME"):
         load_corpus(["hf:"])
 

@@ -154,3 +154,43 @@ def test_bad_corpus_is_one_line_error(tmp_path, content: bytes | None, message: 
         result.stderr.count("\n") == 1 and str(path) in result.stderr and message in result.stderr
     )
     assert not (tmp_path / "d").exists() and not (tmp_path / "api").exists()
+
+
+def _tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("source", ["text", "shakespeare", "hf:no-such/dataset"])
+def test_val_fraction_outside_0_1_is_refused_before_reading(
+    tmp_path, tiny_corpus: Path, source: str
+) -> None:
+    # 0 wrote an empty val.bin: train refused it later and eval had nothing to score
+    corpus = str(tiny_corpus) if source == "text" else source
+    before = _tree(tmp_path)
+    args = ("--corpus", corpus, "--out", str(tmp_path / "d"), "--val-fraction", "0")
+    result = cli(*args, home=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "attnlab prepare: error: val_fraction must be in (0, 1): the share of each document "
+        "held out for validation, got 0.0\n"
+    )
+    assert _tree(tmp_path) == before
+    for fraction in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(AttnlabError, match=rf"\(0, 1\).*, got {fraction}$"):
+            prepare([corpus], out=tmp_path / "api", val_fraction=fraction)
+        assert _tree(tmp_path) == before
+
+
+def test_a_split_of_fewer_than_2_tokens_is_refused(tmp_path) -> None:
+    # the held-out last line "x" is one whitespace-split word: a single bpe token
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("to be or not to be that is the question\nwhether tis nobler\nx\n")
+    before = _tree(tmp_path)
+    with pytest.raises(AttnlabError) as err:
+        prepare([str(corpus)], "bpe", 40, tmp_path / "d", val_fraction=0.01)
+    assert str(err.value) == (
+        f"{corpus}: the val split has 1 token(s), need at least 2; add text or raise --val-fraction"
+    )
+    assert _tree(tmp_path) == before
+    prepare([str(corpus)], "char", None, tmp_path / "d", val_fraction=0.01)  # "x\n": 2 chars
+    assert json.loads((tmp_path / "d" / "meta.json").read_text())["val_tokens"] == 2

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--val-fraction",
         type=float,
         default=0.1,
-        help="tail of each document held out for validation (default 0.1)",
+        help="tail of each document held out for validation, in (0, 1) (default 0.1)",
     )
     p.add_argument(
         "--out",

@@ -116,10 +116,18 @@ def _documents(source: str) -> list[tuple[str, str]]:
     return _path_documents(source)
 
 
+def check_val_fraction(val_fraction: float) -> None:
+    """Refuse a fraction that holds out no validation text (train and eval score on it) or
+    leaves no training text."""
+    if not 0 < val_fraction < 1:
+        raise AttnlabError(
+            f"val_fraction must be in (0, 1): the share of each document held out for "
+            f"validation, got {val_fraction}"
+        )
+
+
 def split_document(text: str, val_fraction: float) -> tuple[str, str]:
     """Cut ``text`` at the line boundary nearest to ``1 - val_fraction`` of its length."""
-    if val_fraction == 0:
-        return text, ""
     target = round(len(text) * (1 - val_fraction))
     before = text.rfind("\n", 0, target) + 1  # start of the line holding the target
     after = text.find("\n", target) + 1  # start of the next line (0 if none)
@@ -139,8 +147,7 @@ def load_corpus(sources: Sequence[str] | None = None, val_fraction: float = 0.1)
     if isinstance(sources, str):
         sources = [sources]
     sources = list(sources or [EMBEDDED])
-    if not 0 <= val_fraction < 1:
-        raise AttnlabError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    check_val_fraction(val_fraction)
     documents = []
     for source in sources:
         for title, text in _documents(source):
@@ -159,7 +166,7 @@ def load_corpus(sources: Sequence[str] | None = None, val_fraction: float = 0.1)
     # A blank line marks each document boundary in the concatenated text.
     train_text = "\n".join(train_parts)
     val_text = "\n".join(p for p in val_parts if p)
-    if val_fraction > 0 and not val_text:
+    if not val_text:
         raise AttnlabError(f"{', '.join(sources)}: too little text to hold out validation")
     provenance = {
         "name": EMBEDDED if sources == [EMBEDDED] else "custom",

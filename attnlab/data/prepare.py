@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.data.bins import read_tokens, write_tokens
-from attnlab.data.corpus import EMBEDDED, load_corpus
+from attnlab.data.corpus import EMBEDDED, check_val_fraction, load_corpus
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
 from attnlab.data.tokenizer import Tokenizer, check_bpe_vocab
 from attnlab.errors import AttnlabError
@@ -35,6 +35,11 @@ DEFAULT_BPE_VOCAB = 16384
 META_FILE = "meta.json"
 META_KEYS = ("vocab_size", "dtype", "train_tokens", "val_tokens", "tokenizer", "provenance")
 TOKENIZERS = ("char", "bpe", "bytebpe")
+# what to change when a split tokenizes to fewer than 2 tokens
+FEWER = {
+    "train": "add text or lower --val-fraction",
+    "val": "add text or raise --val-fraction",
+}
 
 
 def attnlab_home() -> Path:
@@ -93,6 +98,7 @@ def prepare(
     bars while a BPE trains, on a terminal).
     """
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
+    check_val_fraction(val_fraction)  # before anything is written
     flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
     if out is None:
         if sources and list(sources) != [EMBEDDED]:
@@ -123,6 +129,11 @@ def prepare(
         for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
             with _stage(progress, f"encoding {split} ({_mb(text)})") as done:
                 ids = tok.encode(text)
+                if len(ids) < 2:  # not one (input, target) pair to train or score on
+                    raise AttnlabError(
+                        f"{', '.join(sources or [EMBEDDED])}: the {split} split has {len(ids)} "
+                        f"token(s), need at least 2; {FEWER[split]}"
+                    )
                 dtype = write_tokens(tmp / f"{split}.bin", ids, tok.vocab_size)
                 done.append(f"{len(ids):,} tokens")
             counts[f"{split}_tokens"] = len(ids)
