@@ -195,3 +195,83 @@ def test_bench_generate_compiled_quick(tmp_path: Path, capsys: pytest.CaptureFix
     rows = table_rows(out)
     for name in ["vanilla", *bench_variants()]:
         assert rows[name][-1] == "yes", f"{name}: compiled cached decoding differs from recompute"
+
+
+class Measured(Exception):
+    """Raised by a stand-in for a benchmark's measure(), once it has recorded its sizes."""
+
+
+QUICK_OVERHEAD = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--quick"], QUICK_OVERHEAD),
+        (  # a size given beside --quick is kept; the others are --quick's
+            ["--quick", "--reps", "3", "--widths", "8,24", "--heads", "2", "--batch", "5"],
+            {**QUICK_OVERHEAD, "widths": [8, 24], "reps": 3, "n_head": 2, "batch": 5},
+        ),
+        (
+            ["--layers", "2"],
+            dict(
+                widths=[128, 256, 384, 512, 640, 768],
+                layers=2,
+                batch=8,
+                block=256,
+                reps=5,
+                n_head=4,
+            ),
+        ),
+    ],
+)
+def test_bench_overhead_keeps_given_sizes_under_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: dict
+) -> None:
+    seen = []
+
+    def measure(**opts):
+        seen.append({k: v for k, v in opts.items() if k in expected})
+        raise Measured
+
+    monkeypatch.setattr("attnlab.bench.overhead.measure", measure)
+    with pytest.raises(Measured):
+        main(["bench", "overhead", *argv, "--out", str(tmp_path / "o.png")])
+    assert seen == [expected] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [(["--quick"], (16, 12, 1)), (["--quick", "--tokens", "20", "--reps", "2"], (16, 20, 2))],
+)
+def test_bench_generate_keeps_given_sizes_under_quick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: tuple
+) -> None:
+    seen = []
+
+    def measure(cfg, tokens, reps, *rest, **kwargs):
+        seen.append((cfg.n_embd, tokens, reps))
+        raise Measured
+
+    monkeypatch.setattr("attnlab.bench.generate.measure", measure)
+    with pytest.raises(Measured):
+        main(["bench", "generate", *argv, "--out", str(tmp_path / "g.png")])
+    assert seen == [expected] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), [(["--quick"], (16, 2, 2)), (["--quick", "--steps", "7"], (16, 2, 7))]
+)
+def test_bench_train_keeps_given_steps_under_quick(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: tuple
+) -> None:
+    seen = []
+
+    def measure(cfg, batch, steps, *rest):
+        seen.append((cfg.n_embd, batch, steps))
+        raise Measured
+
+    monkeypatch.setattr("attnlab.bench.train.measure", measure)
+    with pytest.raises(Measured):
+        main(["bench", "train", *argv])
+    assert seen == [expected]

@@ -40,8 +40,8 @@ def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
         if getattr(args, "device", None) is not None:
             args.device = str(resolve_device(args.device))
         for name, least in LEAST.items():
-            value = getattr(args, name, least)
-            if value < least:
+            value = getattr(args, name, None)  # None: not given, the benchmark's own size
+            if value is not None and value < least:
                 raise AttnlabError(f"--{name} must be at least {least}, got {value}")
         apply_threads(getattr(args, "threads", None))
         return func(args)
@@ -52,13 +52,25 @@ def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:
 def add_timing_args(
     p: argparse.ArgumentParser, reps: int, reps_help: str, compile_help: str, quick_help: str
 ) -> None:
-    """--reps, --warmup, --device, --compile, --quick and --threads: what every timed benchmark takes."""
-    p.add_argument("--reps", type=int, default=reps, help=reps_help)
+    """--reps, --warmup, --device, --compile, --quick and --threads: what every timed benchmark
+    takes. --reps defaults to None; ``sizes`` resolves it (``reps`` without --quick)."""
+    p.add_argument("--reps", type=int, help=f"{reps_help} (default {reps})")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help=compile_help)
     p.add_argument("--quick", action="store_true", help=quick_help)
     add_threads_arg(p)
+
+
+def sizes(args: argparse.Namespace, full: dict, quick: dict) -> dict:
+    """The sizes to run at, one per flag named in ``full`` (whose value is that flag's default):
+    the flag's value where given (even with --quick), else ``quick``'s under --quick (a smoke
+    test), else ``full``'s. Such flags default to None so that a given value can be told apart.
+    """
+    base = {**full, **quick} if args.quick else full
+    return {
+        name: base[name] if getattr(args, name) is None else getattr(args, name) for name in full
+    }
 
 
 def add_threads_arg(p: argparse.ArgumentParser, also: str = "") -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.commands.bench import add_timing_args, figure_path, out_help
+from attnlab.commands.bench import add_timing_args, figure_path, out_help, sizes
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
 
-# what --quick runs: a smoke test
-QUICK = dict(n_layer=1, n_embd=16, n_head=4, tokens=12, reps=1)
+# the flags' defaults, and what --quick runs instead where a flag is not given: a smoke test
+FULL = dict(tokens=256, reps=3)
+QUICK = dict(tokens=12, reps=1)
+QUICK_MODEL = dict(n_layer=1, n_embd=16, n_head=4)  # --quick's model, whatever the preset's
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,15 +21,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset", default="shakespeare-char", help="model of this preset (block widened to fit)"
     )
-    p.add_argument("--tokens", type=int, default=256, help="tokens to generate")
+    p.add_argument("--tokens", type=int, help=f"tokens to generate (default {FULL['tokens']})")
     add_timing_args(
         p,
-        reps=3,
+        reps=FULL["reps"],
         reps_help="interleaved repetitions",
         compile_help="torch.compile each model's cached step first (recompute stays eager, "
         "as in sample --compile)",
-        quick_help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['tokens']} "
-        f"tokens, {QUICK['reps']} repetition: a smoke test, not a measurement",
+        quick_help=f"{QUICK_MODEL['n_layer']} layer x {QUICK_MODEL['n_embd']} wide; "
+        f"{QUICK['tokens']} tokens, {QUICK['reps']} repetition: a smoke test, not a measurement "
+        "(a given --tokens or --reps is kept)",
     )
     p.add_argument("--out", help=out_help("generate"))
     p.set_defaults(func=run)
@@ -40,12 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = figure_path(args.out, "generate", args.quick)
     cfg, _ = train.bench_config(args.preset)
-    tokens, reps = args.tokens, args.reps
+    chosen = sizes(args, FULL, QUICK)
+    tokens, reps = chosen["tokens"], chosen["reps"]
     if args.quick:
-        cfg = overhead.with_width(
-            cfg, QUICK["n_embd"], n_layer=QUICK["n_layer"], n_head=QUICK["n_head"]
-        )
-        tokens, reps = QUICK["tokens"], QUICK["reps"]
+        q = QUICK_MODEL
+        cfg = overhead.with_width(cfg, q["n_embd"], n_layer=q["n_layer"], n_head=q["n_head"])
         print(SMOKE)
     if tokens < 4:
         raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")

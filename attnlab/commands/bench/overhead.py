@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.commands.bench import add_timing_args, figure_path, out_help
+from attnlab.commands.bench import add_timing_args, figure_path, out_help, sizes
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
 
-# what --quick runs: a smoke test
-QUICK = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
+# the flags' defaults, and what --quick runs instead where a flag is not given: a smoke test
+FULL = dict(widths="128,256,384,512,640,768", layers=6, heads=4, batch=8, block=256, reps=5)
+QUICK = dict(widths="16,32", layers=1, batch=1, block=16, reps=1)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,19 +18,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "overhead", help="step-time overhead of each mechanism vs vanilla, across widths"
     )
     p.add_argument(
-        "--widths", default="128,256,384,512,640,768", help="comma-separated vanilla n_embd values"
+        "--widths", help=f"comma-separated vanilla n_embd values (default {FULL['widths']})"
     )
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--block", type=int, default=256)
+    for flag in ("layers", "heads", "batch", "block"):
+        p.add_argument(f"--{flag}", type=int, help=f"(default {FULL[flag]})")
     add_timing_args(
         p,
-        reps=5,
+        reps=FULL["reps"],
         reps_help="interleaved repetitions per width",
         compile_help="torch.compile every model (during warm-up)",
-        quick_help=f"widths {', '.join(map(str, QUICK['widths']))}, {QUICK['layers']} layer, "
-        f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement",
+        quick_help=f"widths {QUICK['widths']}, {QUICK['layers']} layer, batch {QUICK['batch']}, "
+        f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement "
+        "(a size flag given beside it is kept)",
     )
     p.add_argument("--out", help=out_help("overhead"))
     p.set_defaults(func=run)
@@ -39,22 +39,15 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.bench import overhead
 
     out = figure_path(args.out, "overhead", args.quick)
+    opts = sizes(args, FULL, QUICK)
     try:
-        widths = [int(w) for w in args.widths.split(",") if w.strip()]
+        opts["widths"] = [int(w) for w in opts["widths"].split(",") if w.strip()]
     except ValueError:
         raise AttnlabError(
             f"--widths must be comma-separated integers, got {args.widths!r}"
         ) from None
-    opts = dict(
-        widths=widths,
-        layers=args.layers,
-        batch=args.batch,
-        block=args.block,
-        reps=args.reps,
-        n_head=args.heads,
-    )
+    opts["n_head"] = opts.pop("heads")
     if args.quick:
-        opts.update(QUICK)
         print(SMOKE)
     rows, missing = overhead.measure(
         **opts, warmup=args.warmup, device=args.device, compile=args.compile

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands.bench import sizes
 from attnlab.plotting import SMOKE
 
-# what --quick runs: a smoke test
-QUICK = dict(n_layer=1, n_embd=16, n_head=4, block_size=16, batch=2, steps=2, peak_n=128)
+# the flags' defaults, and what --quick runs instead where a flag is not given: a smoke test
+FULL = dict(steps=20)
+QUICK = dict(steps=2)
+# --quick's model, batch and matmul-peak size, whatever the preset's
+QUICK_MODEL = dict(n_layer=1, n_embd=16, n_head=4, block_size=16, batch=2, peak_n=128)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,14 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset", default="shakespeare-char", help="model and batch size of this preset"
     )
-    p.add_argument("--steps", type=int, default=20, help="interleaved repetitions")
+    p.add_argument("--steps", type=int, help=f"interleaved repetitions (default {FULL['steps']})")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK['n_layer']} layer x {QUICK['n_embd']} wide, {QUICK['steps']} steps: "
-        "a smoke test, not a measurement",
+        help=f"{QUICK_MODEL['n_layer']} layer x {QUICK_MODEL['n_embd']} wide; "
+        f"{QUICK['steps']} steps: a smoke test, not a measurement (a given --steps is kept)",
     )
     p.set_defaults(func=run)
 
@@ -33,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.bench import overhead, train
 
     cfg, batch = train.bench_config(args.preset)
-    steps, peak_n = args.steps, 2048
+    steps = sizes(args, FULL, QUICK)["steps"]
+    peak_n = 2048
     if args.quick:
-        q = QUICK
+        q = QUICK_MODEL
         cfg = overhead.with_width(
             cfg, q["n_embd"], n_layer=q["n_layer"], n_head=q["n_head"], block_size=q["block_size"]
         )
-        batch, steps, peak_n = q["batch"], q["steps"], q["peak_n"]
+        batch, peak_n = q["batch"], q["peak_n"]
         print(SMOKE)
     result = train.measure(cfg, batch, steps, args.warmup, args.device, peak_n)
     print(
