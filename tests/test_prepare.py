@@ -194,3 +194,64 @@ def test_a_split_of_fewer_than_2_tokens_is_refused(tmp_path) -> None:
     assert _tree(tmp_path) == before
     prepare([str(corpus)], "char", None, tmp_path / "d", val_fraction=0.01)  # "x\n": 2 chars
     assert json.loads((tmp_path / "d" / "meta.json").read_text())["val_tokens"] == 2
+
+
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No name resolves (as on a machine without network), and the libraries' retries do not
+    wait between attempts."""
+    import socket
+    import time
+
+    def unreachable(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unreachable)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _hf_logs_to_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The libraries' own handlers, on this test's stderr: they keep the stream of the test that
+    imported them first, which may since be closed."""
+    import logging
+
+    for name in ("datasets", "huggingface_hub"):
+        handler = logging.StreamHandler(sys.stderr)
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [handler])
+
+
+def test_hf_source_offline_is_one_line(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("datasets")
+    from attnlab.cli import main
+
+    _no_network(monkeypatch)
+    _hf_logs_to_stderr(monkeypatch)
+    source = "hf:attnlab-tests/no-such-dataset"  # never in a cache: the hub must be asked
+    before = _tree(tmp_path)
+    assert main(["prepare", "--corpus", source, "--out", str(tmp_path / "d")]) == 2
+    out, err = capfd.readouterr()
+    # the libraries logged "... thrown while requesting HEAD ..." and "Retrying in 1s" per try
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"attnlab prepare: error: {source}: cannot load from Hugging Face: ")
+    assert _tree(tmp_path) == before
+
+
+def test_hf_source_online_keeps_the_libraries_log(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    import logging
+
+    def loads_and_warns(name, config, split):
+        logging.getLogger("datasets.load").warning("a warning from the library")
+        return datasets.Dataset.from_dict({"text": ["first line", "second line", "third"]})
+
+    monkeypatch.setattr(datasets, "load_dataset", loads_and_warns)
+    _hf_logs_to_stderr(monkeypatch)
+    prepare(["hf:some/dataset"], out=tmp_path / "d", val_fraction=0.3)
+    assert capfd.readouterr().err == "a warning from the library\n"  # passed on once loaded
+    ds = load_dataset(tmp_path / "d")
+    assert ds.tokenizer.decode(ds.train.tolist()) == "first line\nsecond line\n"

