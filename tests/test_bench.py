@@ -202,76 +202,44 @@ class Measured(Exception):
 
 
 QUICK_OVERHEAD = dict(widths=[16, 32], layers=1, batch=1, block=16, reps=1, n_head=4)
+FULL_OVERHEAD = dict(widths=[128, 256, 384, 512, 640, 768], layers=6, batch=8, block=256, reps=5)
+
+
+def sizes_measured(benchmark: str, args: tuple, kwargs: dict) -> dict | tuple:
+    """What a benchmark's measure() was asked to run: overhead's sizes; generate's width, tokens
+    and reps; train's width, batch and steps."""
+    if benchmark == "overhead":
+        return {k: kwargs[k] for k in QUICK_OVERHEAD}
+    cfg, *counts = args[:3]
+    return (cfg.n_embd, *counts)
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--quick"], QUICK_OVERHEAD),
+        (["overhead", "--quick"], QUICK_OVERHEAD),
         (  # a size given beside --quick is kept; the others are --quick's
-            ["--quick", "--reps", "3", "--widths", "8,24", "--heads", "2", "--batch", "5"],
-            {**QUICK_OVERHEAD, "widths": [8, 24], "reps": 3, "n_head": 2, "batch": 5},
+            ["overhead", "--quick", "--reps", "3", "--widths", "8,24", "--heads", "2"],
+            {**QUICK_OVERHEAD, "widths": [8, 24], "reps": 3, "n_head": 2},
         ),
-        (
-            ["--layers", "2"],
-            dict(
-                widths=[128, 256, 384, 512, 640, 768],
-                layers=2,
-                batch=8,
-                block=256,
-                reps=5,
-                n_head=4,
-            ),
-        ),
+        (["overhead", "--layers", "2"], {**FULL_OVERHEAD, "layers": 2, "n_head": 4}),
+        (["generate", "--quick"], (16, 12, 1)),
+        (["generate", "--quick", "--tokens", "20", "--reps", "2"], (16, 20, 2)),
+        (["train", "--quick"], (16, 2, 2)),
+        (["train", "--quick", "--steps", "7"], (16, 2, 7)),
     ],
 )
-def test_bench_overhead_keeps_given_sizes_under_quick(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: dict
+def test_bench_quick_keeps_the_sizes_given_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: dict | tuple
 ) -> None:
-    seen = []
+    benchmark, seen = argv[0], []
 
-    def measure(**opts):
-        seen.append({k: v for k, v in opts.items() if k in expected})
+    def measure(*args, **kwargs):
+        seen.append(sizes_measured(benchmark, args, kwargs))
         raise Measured
 
-    monkeypatch.setattr("attnlab.bench.overhead.measure", measure)
+    monkeypatch.setattr(f"attnlab.bench.{benchmark}.measure", measure)
+    out = [] if benchmark == "train" else ["--out", str(tmp_path / "bench.png")]
     with pytest.raises(Measured):
-        main(["bench", "overhead", *argv, "--out", str(tmp_path / "o.png")])
+        main(["bench", *argv, *out])
     assert seen == [expected] and list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [(["--quick"], (16, 12, 1)), (["--quick", "--tokens", "20", "--reps", "2"], (16, 20, 2))],
-)
-def test_bench_generate_keeps_given_sizes_under_quick(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: tuple
-) -> None:
-    seen = []
-
-    def measure(cfg, tokens, reps, *rest, **kwargs):
-        seen.append((cfg.n_embd, tokens, reps))
-        raise Measured
-
-    monkeypatch.setattr("attnlab.bench.generate.measure", measure)
-    with pytest.raises(Measured):
-        main(["bench", "generate", *argv, "--out", str(tmp_path / "g.png")])
-    assert seen == [expected] and list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"), [(["--quick"], (16, 2, 2)), (["--quick", "--steps", "7"], (16, 2, 7))]
-)
-def test_bench_train_keeps_given_steps_under_quick(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: tuple
-) -> None:
-    seen = []
-
-    def measure(cfg, batch, steps, *rest):
-        seen.append((cfg.n_embd, batch, steps))
-        raise Measured
-
-    monkeypatch.setattr("attnlab.bench.train.measure", measure)
-    with pytest.raises(Measured):
-        main(["bench", "train", *argv])
-    assert seen == [expected]
