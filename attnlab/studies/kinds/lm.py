@@ -156,7 +156,8 @@ def wallclock_budget(
     mech = _finished(runs, mechanism)
     if not base or not mech:
         return None
-    pace = Pace(min(base, key=_seed)["run_dir"], min(mech, key=_seed)["run_dir"], WALLCLOCK_REPS)
+    first = [min(arm, key=lambda r: r["seed"])["run_dir"] for arm in (base, mech)]
+    pace = Pace(*first, WALLCLOCK_REPS)
     if study.progress is not None:
         study.progress(
             f"timing {mechanism} against {baseline} side by side ({pace.reps} interleaved "
@@ -174,10 +175,6 @@ def wallclock_budget(
         "logged_ratio": _mean_sps(mech) / _mean_sps(base) if logged else None,
         "iters": max(1, round(mech_iters * timed[0]["ratio"])),
     }
-
-
-def _seed(row: dict[str, Any]) -> int:
-    return int(row["seed"])
 
 
 def _mean_sps(rows: list[dict[str, Any]]) -> float:
@@ -219,6 +216,6 @@ def variant_stats(runs: list[dict[str, Any]], spec: StudySpec) -> dict[str, dict
             "failed": sum(r["variant"] == name and r["status"] == "failed" for r in runs),
             "params": ok[0]["params"] if ok else None,
             "iters": ok[0]["iters"] if ok else None,
-            "sec_per_step": (sum(r["sec_per_step"] for r in ok) / len(ok)) if ok else None,
+            "sec_per_step": _mean_sps(ok) if ok else None,
         }
     return out
