@@ -89,6 +89,21 @@ def test_detached_differs_only_in_gradients() -> None:
 
 
 @pytest.mark.parametrize("bias", [False, True])
+def test_inference_skips_block0_kv_matmul_only_without_bias(bias: bool) -> None:
+    """Without autograd, block 0's W_kvm(0) = 0 is not computed; the logits are bit-identical."""
+    model = seeded(tiny_model(use_m_gate=True, bias=bias)).eval()
+    idx = torch.randint(0, model.config.vocab_size, (2, 9))
+    calls = []
+    model.transformer.h[0].attn.W_kvm.register_forward_hook(lambda *_: calls.append(1))
+    with_grad, _ = model(idx, all_logits=True)
+    assert calls == [1]  # training keeps the matmul: AdamW decays its zero gradient
+    with torch.inference_mode():
+        without, _ = model(idx, all_logits=True)
+    assert calls == ([1, 1] if bias else [1])  # with a bias, W_kvm(0) is the bias: still added
+    assert torch.equal(with_grad, without)
+
+
+@pytest.mark.parametrize("bias", [False, True])
 def test_module_names_and_shapes(bias: bool) -> None:
     config = tiny_model(use_m_gate=True, bias=bias)
     model = GPT(config)

@@ -38,6 +38,10 @@ class KVBias(nn.Linear):
         self.kv_dim, self.detached = config.kv_dim, config.m_gate_detached
 
     def adjust_qkv(self, x, q, k, v, ctx):
+        if "M" not in ctx.state and self.bias is None and not torch.is_grad_enabled():
+            # block 0 without autograd: W_kvm(0) is zero, so the keys and values are unchanged
+            # (training still runs the matmul for the zero gradient AdamW decays)
+            return q, k, v
         m = previous_m(x, ctx)
         if self.detached:  # the seed's ablation: no gradient flows back into M from here
             m = m.detach()
