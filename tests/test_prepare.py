@@ -196,9 +196,9 @@ def test_a_split_of_fewer_than_2_tokens_is_refused(tmp_path) -> None:
     assert json.loads((tmp_path / "d" / "meta.json").read_text())["val_tokens"] == 2
 
 
-def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """No name resolves (as on a machine without network), and the libraries' retries do not
-    wait between attempts."""
+    wait between attempts; returns the list of waits they asked for."""
     import socket
     import time
 
@@ -206,9 +206,11 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", unreachable)
-    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
+    return slept
 
 
 def _hf_logs_to_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,16 +229,24 @@ def test_hf_source_offline_is_one_line(
     pytest.importorskip("datasets")
     from attnlab.cli import main
 
-    _no_network(monkeypatch)
+    slept = _no_network(monkeypatch)
     _hf_logs_to_stderr(monkeypatch)
     source = "hf:attnlab-tests/no-such-dataset"  # never in a cache: the hub must be asked
     before = _tree(tmp_path)
     assert main(["prepare", "--corpus", source, "--out", str(tmp_path / "d")]) == 2
     out, err = capfd.readouterr()
-    # the libraries logged "... thrown while requesting HEAD ..." and "Retrying in 1s" per try
+    # online, the libraries log "... thrown while requesting HEAD ..." and "Retrying in 1s"
     assert out == "" and err.count("\n") == 1, err
-    assert err.startswith(f"attnlab prepare: error: {source}: cannot load from Hugging Face: ")
+    assert err == (
+        f"attnlab prepare: error: {source}: cannot load from Hugging Face: huggingface.co does "
+        "not resolve (no network?) and it is not in the local cache\n"
+    )
     assert _tree(tmp_path) == before
+    assert slept == []  # offline mode from the start: no retries to wait for
+    import datasets
+    from huggingface_hub import constants
+
+    assert not datasets.config.HF_HUB_OFFLINE and not constants.HF_HUB_OFFLINE  # restored
 
 
 def test_hf_source_online_keeps_the_libraries_log(
