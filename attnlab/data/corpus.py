@@ -134,16 +134,15 @@ def _unresolved_hub_host() -> str | None:
 
 
 @contextlib.contextmanager
-def _offline(offline: bool) -> Iterator[None]:
-    """The Hugging Face libraries in offline mode during the block when ``offline``: a cached
-    dataset loads from the cache, and anything else fails at once instead of after the
-    libraries' retries (about 25 s)."""
+def _offline() -> Iterator[None]:
+    """The Hugging Face libraries in offline mode during the block: a cached dataset loads from
+    the cache, and anything else fails at once instead of after the libraries' retries (about
+    25 s)."""
     import datasets
     from huggingface_hub import constants
 
     saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
-    if offline:
-        datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
     try:
         yield
     finally:
@@ -162,11 +161,11 @@ def _hf_documents(source: str) -> list[tuple[str, str]]:
         ) from None
     unresolved = _unresolved_hub_host()
     try:
-        with _hold_hf_logs(), _offline(unresolved is not None):
+        with _hold_hf_logs(), _offline() if unresolved else contextlib.nullcontext():
             ds = datasets.load_dataset(name, config or None, split=split or "train")
     except Exception as e:  # offline, unknown name, bad config: all surface as one line
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if unresolved is not None:
+        if unresolved and isinstance(e, ConnectionError):  # offline mode refused to ask the hub
             first_line = (
                 f"{unresolved} does not resolve (no network?) and it is not in the local cache"
             )
