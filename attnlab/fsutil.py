@@ -7,7 +7,9 @@ Every command with an output folder (``--out``) follows one rule, implemented he
   line naming the folder and ``--overwrite``, unless ``overwrite`` is set;
 - a replacement is written completely into a hidden sibling folder first and only then swapped
   in (old folder renamed aside, new one renamed into place, old one deleted), so a failure at
-  any moment (disk full, Ctrl-C, a bug) leaves the previous output whole;
+  any moment (disk full, Ctrl-C, a bug) leaves the previous output whole; should the process
+  die between the two renames (SIGKILL, power loss), the next command writing there renames the
+  old folder back first (``restore_interrupted_swap``);
 - a full disk is reported as "no space left on device while writing OUT; nothing was lost".
 
 Usage::
@@ -24,6 +26,7 @@ import errno
 import glob
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,8 +60,10 @@ def refuse_foreign(
     """Raise unless ``out`` may be (re)written; return True when it holds something to replace.
 
     ``is_own(out)`` says whether a non-empty ``out`` is this command's own kind of output, which
-    it may replace without ``--overwrite``; None means every non-empty folder needs it.
+    it may replace without ``--overwrite``; None means every non-empty folder needs it. An ``out``
+    that a killed process left mid-swap is first restored (``restore_interrupted_swap``).
     """
+    restore_interrupted_swap(out)
     if not check_out_path(out, flag) or overwrite or (is_own is not None and is_own(out)):
         return out.exists()
     kind = f" and is not a {what}" if is_own is not None else ""
@@ -104,12 +109,13 @@ def swap_in(
 ) -> None:
     """Put the complete folder ``new`` at ``out``; an existing ``out`` is deleted only afterwards.
 
-    The old ``out`` waits at ``aside`` (default: a hidden name of this process) while ``new`` is
-    renamed in. Should that rename fail or be interrupted (``between`` runs just before it: a
+    The old ``out`` waits at ``aside`` (default: a hidden name of this process and this swap, so a
+    later process given the same PID never mistakes a dead one's aside for its own) while ``new``
+    is renamed in. Should that rename fail or be interrupted (``between`` runs just before it: a
     test hook), the old folder is renamed back: ``out`` ends up holding the old folder or the
     new one, never neither. A fixed ``aside`` lets a reader find the old folder after a crash.
     """
-    aside = aside or out.parent / f".{out.name}.old-{os.getpid()}"
+    aside = aside or out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
     moved = out.exists()
     if moved:
         shutil.rmtree(aside, ignore_errors=True)
@@ -136,16 +142,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _dead_siblings(out: Path, kind: str) -> list[Path]:
+    """Hidden siblings ``.OUT.KIND-PID[-TOKEN]`` whose process no longer runs (POSIX only)."""
+    if os.name != "posix":  # os.kill(pid, 0) asks nothing elsewhere
+        return []
+    prefix = f".{out.name}.{kind}-"
+    found = []
+    for path in out.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name.removeprefix(prefix).partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            found.append(path)
+    return found
+
+
 def remove_stale_temps(out: Path) -> None:
     """Delete the temporary siblings ``.OUT.tmp-PID`` (see replace_folder) of processes that no
     longer run: a SIGKILL or power loss leaves them, hidden, as large as what they were writing.
-    Never the ``.OUT.old-PID`` of swap_in, which may hold the only copy of the old folder."""
-    if os.name != "posix":  # os.kill(pid, 0) asks nothing elsewhere
+    Never the ``.OUT.old-PID-TOKEN`` of swap_in: see ``restore_interrupted_swap``."""
+    for path in _dead_siblings(out, "tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def restore_interrupted_swap(out: Path) -> None:
+    """Rename the old folder back to a missing ``out`` when swap_in's process died mid-swap.
+
+    Its aside ``.OUT.old-PID-TOKEN`` is then the only copy of what ``out`` held; putting it back
+    makes the next command see ``out`` as it was (and refuse or replace it by the usual rules).
+    With several such asides the most recently renamed one is ``out``'s last content.
+    """
+    if out.exists() or out.is_symlink():
         return
-    for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
-        pid = path.name.rpartition("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+    olds = _dead_siblings(out, "old")
+    if olds:
+        os.replace(max(olds, key=lambda p: p.stat().st_ctime), out)
 
 
 @contextlib.contextmanager

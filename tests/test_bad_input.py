@@ -1025,7 +1025,7 @@ def test_a_killed_writers_temporary_folder_is_removed_by_the_next(attnlab, tmp_p
     (tmp_path / "corpus.txt").write_text("to be or not to be\n" * 50)
     stale = tmp_path / f".data.tmp-{dead.pid}"
     live = tmp_path / f".data.tmp-{os.getppid()}"  # a running process's: still being written
-    aside = tmp_path / f".data.old-{dead.pid}"  # swap_in's: maybe the only copy of the old data
+    aside = tmp_path / f".data.old-{os.getppid()}-0"  # a running swap's: the old data, aside
     for folder in (stale, live, aside):
         folder.mkdir()
         (folder / "train.bin").write_bytes(b"\0" * 8)

@@ -112,6 +112,55 @@ def test_a_failed_swap_puts_the_old_folder_back(tmp_path: Path, monkeypatch, fau
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]
 
 
+_KILLED_MID_SWAP = """
+import os, signal, sys
+from pathlib import Path
+from attnlab.fsutil import replace_folder
+out = Path(sys.argv[1])
+real_replace = os.replace
+def replace(src, dst):
+    if Path(src).name.startswith(f".{out.name}.tmp-"):  # the old folder is aside already
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+os.replace = replace
+with replace_folder(out, "thing", overwrite=True) as tmp:
+    (tmp / "config.json").write_text('{"new": 1}')
+"""
+
+
+def test_a_folder_a_killed_swap_left_aside_is_put_back(tmp_path: Path):
+    """SIGKILL between swap_in's two renames left ``out`` missing and its only copy under a hidden
+    name; the next command wrote a new folder beside it as if ``out`` had never existed."""
+    import subprocess
+    import sys
+
+    out = _thesis(tmp_path)
+    before = snapshot(out)
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_SWAP, str(out)], check=False)
+    assert killed.returncode == -9 and not out.exists()  # the state the kill leaves
+    with pytest.raises(AttnlabError) as err, replace_folder(out, "thing", is_own=lambda p: False):
+        pass
+    assert str(err.value) == (
+        f"{out} is not empty and is not a thing; pass --overwrite to replace it, or choose "
+        "another --out"
+    )
+    assert snapshot(out) == before
+    assert not list(tmp_path.glob(".project.old-*"))  # its .tmp- goes with the next write
+
+
+def test_a_dead_processs_aside_survives_a_swap_by_a_process_with_its_pid(tmp_path: Path):
+    """The aside was ``.OUT.old-PID`` and every swap removed its own name at the end: a process
+    given the PID of one killed mid-swap (PIDs repeat, in containers especially) deleted the
+    only copy of that one's old folder."""
+    aside = tmp_path / f".project.old-{os.getpid()}"  # what a killed holder of our PID left
+    aside.mkdir()
+    (aside / "thesis.tex").write_text("a month of work")
+    before = snapshot(aside)
+    with replace_folder(tmp_path / "project", "thing") as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert snapshot(aside) == before
+
+
 def test_overwrite_swaps_the_new_folder_in(tmp_path: Path):
     out = _thesis(tmp_path)
     with replace_folder(out, "thing", overwrite=True) as tmp:
