@@ -230,6 +230,35 @@ def test_onnx_left_padding_matches_unpadded(exported: tuple[GPT, Path]) -> None:
     np.testing.assert_allclose(logits[1], torch_logits(model, long)[0], atol=1e-4, rtol=0)
 
 
+def test_onnx_attention_and_rmsnorm_are_one_node_each(
+    exported: tuple[GPT, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opset 23: each attention call is one Attention node and each RMSNorm one RMSNormalization
+    (opset 18 spelled them as a dozen small nodes apiece, and a decoding step pays per node);
+    int8 quantizes the matmuls but leaves Attention to onnxruntime's float kernel."""
+    import onnx
+
+    from attnlab.model.layers import RMSNorm
+
+    model, out = exported
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append(1) or sdpa(*a, **k),
+    )
+    with torch.no_grad():
+        model(torch.zeros(1, 3, dtype=torch.long))
+    norms = sum(isinstance(m, RMSNorm) for m in model.modules())
+    for fmt in ("onnx", "onnx-int8"):
+        graph = onnx.load(str(out / FILES[fmt]))
+        ops = [n.op_type for n in graph.graph.node]
+        assert [(o.domain, o.version) for o in graph.opset_import] == [("", onnx_export.OPSET)]
+        assert (ops.count("Attention"), ops.count("RMSNormalization")) == (len(calls), norms)
+    assert len(calls) == 8 and norms == 7  # 2 layers: 2 rounds, each with Twicing's second
+
+
 def test_int8_graph_runs(exported: tuple[GPT, Path]) -> None:
     import onnx
 
