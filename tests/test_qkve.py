@@ -12,7 +12,7 @@ from attnlab.config import ModelConfig
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
 from attnlab.model.attention import Context
-from attnlab.model.layers import Rotary
+from attnlab.model.layers import Rotary, rotate
 from attnlab.train.checkpoint import load_weights_strict
 
 QKVE = dict(norm="rmsnorm", pos="rope", mlp="swiglu", d_ffn=48, ffn_sublayers=2, n_kv_head=2)
@@ -114,13 +114,16 @@ def test_rope_scores_depend_on_relative_position_only() -> None:
     rotary = Rotary(16, 64, 10000.0)
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
 
+    def at(x: torch.Tensor, position: int) -> torch.Tensor:
+        return rotate(x, *rotary(position, 1))
+
     def score(i: int, j: int) -> torch.Tensor:
-        return (rotary(q, i) * rotary(k, j)).sum()
+        return (at(q, i) * at(k, j)).sum()
 
     for i, j, s in [(5, 2, 7), (10, 10, 30), (3, 0, 50)]:
         torch.testing.assert_close(score(i, j), score(i + s, j + s), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(score(5, 2), score(5, 3))  # but the offset itself matters
-    torch.testing.assert_close(rotary(q, 0), q)  # position 0 is the identity
+    torch.testing.assert_close(at(q, 0), q)  # position 0 is the identity
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.layers import Rotary
+from attnlab.model.layers import rotate
 from attnlab.model.mechanisms import attach
 
 
@@ -70,13 +70,12 @@ class Context:
 
     start: int = 0  # absolute position of the first token (non-zero when decoding with a cache)
     cache: KVCache | None = None
-    rotary: Rotary | None = None
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # RoPE's cos and sin (see Rotary)
     layer: int = 0
     state: dict[str, torch.Tensor] = field(default_factory=dict)  # cross-layer signals, e.g. "M"
     stats: dict[str, torch.Tensor] | None = None  # mechanisms put gate statistics here when asked
     capture: dict[str, Any] | None = None  # analyses ask for attention weights here
     mask: torch.Tensor | None = None  # [B, 1, Tq, Tk] bool, True = attend; None: plain causal
-    positions: torch.Tensor | None = None  # [B, T] positions when not start, start + 1, ...
 
     @property
     def layer_cache(self) -> LayerCache | None:
@@ -192,8 +191,8 @@ class CausalSelfAttention(nn.Module):
             self.heads(k, self.n_kv_head),
             self.heads(v, self.n_kv_head),
         )
-        if ctx.rotary is not None:
-            q, k = ctx.rotary(q, ctx.start, ctx.positions), ctx.rotary(k, ctx.start, ctx.positions)
+        if ctx.rope is not None:
+            q, k = rotate(q, *ctx.rope), rotate(k, *ctx.rope)
         cache = ctx.layer_cache
         if cache is not None:
             k, v = cache.extend(f"{slot}.k", k), cache.extend(f"{slot}.v", v)

@@ -142,8 +142,8 @@ class GPT(nn.Module):
             x = x + (wpe.weight[start : start + t] if position_ids is None else wpe(position_ids))
         if self.training:  # dropout is the identity in eval mode
             x = self.transformer.drop(x)
-        ctx = Context(start=start, cache=cache, rotary=self.rotary, stats=stats, capture=capture)
-        ctx.positions = position_ids
+        rope = self.rotary(start, t, position_ids) if self.rotary is not None else None
+        ctx = Context(start=start, cache=cache, rope=rope, stats=stats, capture=capture)
         if attention_mask is not None:
             ctx.mask = padding_mask(attention_mask, t)
         for i, block in enumerate(self.transformer.h):

@@ -94,15 +94,18 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(
-        self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Rotate x [B, H, T, D] whose positions are ``start``, ``start + 1``... or ``positions`` [B, T]."""
+        self, start: int, t: int, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions ``start`` ... ``start + t - 1`` ([T, D]) or of ``positions``
+        [B, T] ([B, 1, T, D]): looked up once per forward, used by every layer and round."""
         if positions is None:
-            t = x.size(-2)
-            cos = self.cos[start : start + t].to(x.dtype)
-            sin = self.sin[start : start + t].to(x.dtype)
-        else:
-            cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+            return self.cos[start : start + t], self.sin[start : start + t]
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, D] by the angles whose cos and sin ``Rotary`` looked up."""
+    if cos.dtype != x.dtype:  # autocast: q and k are in the autocast dtype, the tables float32
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
