@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model
 
-from attnlab.bench import _timing
+from attnlab.bench import timing
 from attnlab.bench.generate import quarter_ratio
 from attnlab.bench.overhead import bench_variants, count_params, matched_width, modern_backbone
 from attnlab.cli import main
@@ -51,15 +51,15 @@ def test_interleaved_rotates_order_and_takes_median_of_ratios(
 
         return fn
 
-    monkeypatch.setattr(_timing.time, "perf_counter", lambda: clock[0])
-    t = _timing.interleaved({n: variant(n) for n in "ABC"}, "A", reps=4, warmup=1)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    t = timing.interleaved({n: variant(n) for n in "ABC"}, "A", reps=4, warmup=1)
     assert calls == list("ABC") + list("ABC") + list("BCA") + list("CAB") + list("ABC")
     assert t["B"].seconds == [2.0, 2.0, 4.0, 2.0]
     assert t["B"].ratios == [2.0, 2.0, 4.0, 2.0]
     assert t["B"].ratio == 2.0  # the median ignores the one slow repetition
     assert t["A"].ratio == 1.0 and t["C"].ratio == 3.0
     with pytest.raises(ValueError, match="baseline"):
-        _timing.interleaved({"A": variant("A")}, "Z", reps=1)
+        timing.interleaved({"A": variant("A")}, "Z", reps=1)
 
 
 def test_count_params_by_hand() -> None:

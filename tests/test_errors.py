@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from attnlab import cli
-from attnlab.bench import _timing
+from attnlab.bench import timing
 from attnlab.commands import presets
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError, ConfigError
@@ -39,7 +39,7 @@ def test_other_errors_are_bugs_with_a_traceback(monkeypatch: pytest.MonkeyPatch,
         (lambda: ModelConfig(n_embd=30, n_head=4), "n_embd=30 must be divisible by n_head=4"),
         (lambda: ModelConfig(norm="batchnorm"), "norm='batchnorm' is not allowed"),
         (lambda: TrainConfig(beta2=1.0), "beta2=1.0 must be in [0, 1)"),
-        (lambda: _timing.interleaved({"A": lambda: None}, "A", reps=0), "--reps 0 must be >= 1"),
+        (lambda: timing.interleaved({"A": lambda: None}, "A", reps=0), "--reps 0 must be >= 1"),
     ],
 )
 def test_validation_raises_config_error(build, message: str) -> None:

@@ -2,7 +2,7 @@
 
 All four decode the same random prompts greedily as one batch with their KV cache (the ONNX
 graph carries it as past_key_values / present). Backends alternate within each repetition
-(attnlab.bench._timing.interleaved) and onnxruntime gets as many threads as PyTorch. The
+(attnlab.bench.timing.interleaved) and onnxruntime gets as many threads as PyTorch. The
 compiled model is a compiled copy (``--no-compile`` leaves it out: compiling takes a while).
 "same tokens" is the share of generated tokens equal to eager PyTorch's: 100 % shows the graphs
 agree; int8 may drift once a rare near-tie flips.
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from attnlab import from_pretrained
-from attnlab.bench._timing import interleaved
+from attnlab.bench.timing import interleaved
 from attnlab.bench.train import bench_config
 from attnlab.export import FILES, OnnxLM, export_model
 from attnlab.model import GPT

@@ -3,7 +3,7 @@
 Greedy decoding from a one-token prompt with untrained weights (speed does not depend on what
 the weights say). The context is widened to hold every generated token, so the cache is used
 for the whole run instead of falling back to the sliding window past block_size. Cached and
-uncached runs alternate (attnlab.bench._timing.interleaved); per-token latency is averaged over
+uncached runs alternate (attnlab.bench.timing.interleaved); per-token latency is averaged over
 repetitions and "flatness" is the mean cached latency of the last quarter of positions over
 that of the first quarter (1.0 = no growth with position).
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from attnlab.bench._timing import format_table, interleaved
 from attnlab.bench.overhead import available, bench_variants, check_variants
+from attnlab.bench.timing import format_table, interleaved
 from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding, stream
 from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure

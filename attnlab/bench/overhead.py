@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench._timing import (
+from attnlab.bench.timing import (
     allow_compiled_models,
     format_table,
     interleaved,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnlab.bench._timing import (
+from attnlab.bench.timing import (
     format_table,
     interleaved,
     matmul_peak_flops,
@@ -94,7 +94,7 @@ def reference_step(
         {"params": [v for v in params.values() if v.dim() < 2], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.99))
-    gen = torch.Generator().manual_seed(seed)  # the same draws as _timing.train_step
+    gen = torch.Generator().manual_seed(seed)  # the same draws as timing.train_step
     x = torch.randint(cfg.vocab_size, (batch_size, cfg.block_size), generator=gen).to(device)
     y = torch.randint(cfg.vocab_size, (batch_size, cfg.block_size), generator=gen).to(device)
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from attnlab.analysis.retrieval import run_retrieval
-from attnlab.bench._timing import interleaved, synchronizer, train_step
+from attnlab.bench.timing import interleaved, synchronizer, train_step
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.bench import export
-    from attnlab.bench._timing import format_table
+    from attnlab.bench.timing import format_table
 
     asked_len = 1 if args.prompt_len is None else args.prompt_len  # 0 silently meant default
     if min(args.tokens, args.prompts, args.reps, asked_len) < 1:
