@@ -134,6 +134,13 @@ class RunDir:
     def is_run(self) -> bool:
         return is_run_folder(self.path)
 
+    def is_foreign(self) -> bool:
+        """True if the folder holds something that is not a run's: no trainer writes there. Before
+        its config.json a run holds at most its lock and SFT's data."""
+        if not self.path.is_dir() or self.is_run():
+            return False
+        return any(p.name not in (LOCK_FILE, SFT_DATA) for p in self.path.iterdir())
+
     def is_sft(self) -> bool:
         """True for a fine-tuning run (its own sft_data/ with sft.json)."""
         return (self.sft_data / SFT_FILE).is_file()

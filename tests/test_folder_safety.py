@@ -276,6 +276,22 @@ def test_sft_refuses_a_folder_it_did_not_write(attnlab, model_dir: Path, tmp_pat
     assert snapshot(tmp_path) == before
 
 
+def test_a_trainer_made_in_code_refuses_a_folder_it_did_not_write(tiny_data: Path, tmp_path: Path):
+    """Only the CLI checked: ``Trainer(folder, ...)`` on a folder with a metrics.csv of the
+    user's deleted it when the run started."""
+    from conftest import tiny_model, tiny_train
+
+    from attnlab.train.trainer import Trainer
+
+    out = _thesis(tmp_path)
+    (out / "metrics.csv").write_text("step,loss\n1,0.5\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(AttnlabError) as err:
+        Trainer(out, tiny_model(), tiny_train(max_iters=1), tiny_data, quiet=True)
+    assert str(err.value) == f"{out} is not empty and is not a run folder; choose another --out"
+    assert snapshot(tmp_path) == before
+
+
 def test_prepare_on_a_full_disk_keeps_the_previous_data(
     attnlab,  # noqa: F811
     tmp_path: Path,

@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # trained beside --out and swapped in at the end: a failed demo leaves the previous one
     with replace_folder(out, "demo run", args.overwrite, is_demo_run) as tmp:
+        train_and_sample(tmp, spec, args.preset, started)  # a trainer starts in an empty folder
         (tmp / DEMO_MARKER).write_text("written by `attnlab demo`, which may replace this folder\n")
-        train_and_sample(tmp, spec, args.preset, started)
     print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")
     return 0
 

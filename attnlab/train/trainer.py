@@ -220,6 +220,10 @@ class Trainer:
         self.run_folder.write_config(RunConfig(self.model_config, self.cfg, data))
 
     def _refuse_a_started_run(self) -> None:
+        if self.run_folder.is_foreign():  # the CLI refuses it first; library callers meet this
+            raise AttnlabError(
+                f"{self.run_dir} is not empty and is not a run folder; choose another --out"
+            )
         if ckpt.checkpoint_dir(self.run_folder.latest) is not None:
             raise AttnlabError(
                 f"{self.run_dir} already holds a run; use --resume, --overwrite or another --out"
