@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -25,7 +26,7 @@ def overrides(**train) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in {**model, **tiny_train(**train).to_dict()}.items()]
 
 
-def torchrun(*args: str, nproc: int = 2) -> None:
+def torchrun(*args: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "attnlab")) -> None:
     """`torchrun --standalone` (a free port, so parallel tests don't collide) on CPU ranks."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -34,27 +35,36 @@ def torchrun(*args: str, nproc: int = 2) -> None:
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        "-m",
-        "attnlab",
+        *program,
         *args,
     ]
-    # its own process group: on a timeout the ranks go too, not just torchrun (a rank left
-    # behind would wait in a gloo collective forever)
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        # the ranks too, not just torchrun: each runs in a session of its own (killpg misses it),
+        # and one left behind holds the pipes open, so the test itself would wait forever
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"torchrun timed out: {err[-3000:]}") from None
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from /proc (Linux; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # after "(command)"
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def metrics(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -123,3 +133,35 @@ def test_fsdp_matches_one_process_and_checkpoints_cross_over(
     assert_same_curves(single, fsdp, range(13))
     torchrun("train", "--resume", str(both), "max_iters=12", "fsdp=true")
     assert_same_curves(single, both, range(13))
+
+
+# attnlab's CLI, with destroy_process_group refusing while a DDP wrapper is still alive
+TEARDOWN_CHECKED = """
+import gc, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from attnlab.cli import main
+
+destroy = dist.destroy_process_group
+
+def checked(*args, **kwargs):
+    if any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()):
+        raise SystemExit("a DDP wrapper outlives its process group")
+    destroy(*args, **kwargs)
+
+dist.destroy_process_group = checked
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_ddp_wrapper_goes_before_its_process_group(tiny_data: Path, tmp_path: Path) -> None:
+    """A finished torchrun run hung at exit about once in 30: DDP's reducer, freed after the
+    process group was destroyed, was the group's last owner and destroyed it with the GIL held,
+    joining gloo's worker thread while that thread waited for the GIL."""
+    script = tmp_path / "teardown_checked.py"
+    script.write_text(TEARDOWN_CHECKED)
+    out = tmp_path / "run"
+    recipe = dict(max_iters=2, eval_interval=2, log_interval=1)
+    torchrun("train", "--data", str(tiny_data), "--out", str(out), *overrides(**recipe),
+             program=(str(script),))  # fmt: skip
+    assert len(metrics(out)) == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import math
 import shlex
 import signal
@@ -570,6 +571,14 @@ class Trainer:
 
     def close(self) -> None:
         self.lock.release()
+        if self.dist.enabled:
+            # DDP's reducer holds the process group. Freed after the group was destroyed, it
+            # would be the group's last owner, and its destructor runs with the GIL held: gloo's
+            # worker thread, still freeing its last work (which needs the GIL), is then joined
+            # forever, a hang at exit. Freed now, the group's last owner is the registry, which
+            # frees it without the GIL.
+            self.wrapped = self.forward_model = self.model
+            gc.collect()  # the wrapper sits in reference cycles (its hooks)
         distributed.teardown(self.dist)
 
 
