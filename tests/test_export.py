@@ -401,6 +401,40 @@ def test_export_cli_progress_and_errors(tmp_path: Path, capsys) -> None:
     assert "has no model.onnx" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_onnx_file_is_one_line(
+    exported: tuple[GPT, Path], tmp_path: Path, capsys, damage: str
+) -> None:
+    """onnxruntime's own exceptions (InvalidProtobuf...) reached the user as a traceback."""
+    import onnxruntime
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    folder = tmp_path / "exported"
+    shutil.copytree(exported[1], folder)
+    graph = folder / FILES["onnx"]
+    data = graph.read_bytes()
+    graph.write_bytes(b"not a graph" if damage == "garbage" else data[: len(data) // 2])
+    before = snapshot(tmp_path)
+    status = cli_main(["sample", str(folder), "--backend", "onnxruntime", "--prompt", "a"])
+    p = subprocess.CompletedProcess([], status, "", capsys.readouterr().err)
+    assert error_line(p, "sample") == (
+        f"onnxruntime {onnxruntime.__version__} cannot load {graph} (Protobuf parsing failed.)"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_an_onnxruntime_too_old_for_the_graph_is_named() -> None:
+    error = Exception("[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:opset 23")
+    assert str(onnx_export.load_error(Path("m.onnx"), error, "1.20.1")) == (
+        "onnxruntime 1.20.1 cannot load m.onnx (opset 23); attnlab's exports need "
+        "onnxruntime >= 1.23"
+    )
+    assert str(onnx_export.load_error(Path("m.onnx"), error, "1.23.0")) == (
+        "onnxruntime 1.23.0 cannot load m.onnx (opset 23)"
+    )
+
+
 def round_trip(model: GPT, folder: Path) -> dict[str, float]:
     """Max |logit difference| of each exported format against ``model``."""
     x = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(5))

@@ -18,6 +18,7 @@ bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quantizat
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ PROTOBUF_LIMIT = 2**31 - 2**26
 
 PAST, PRESENT = "past_key_values", "present"
 OPSET = 23  # Attention and RMSNormalization: one kernel each instead of a dozen small nodes
+MIN_ONNXRUNTIME = (1, 23)  # the first with opset 23's Attention on the CPU
+# "[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from X failed:Protobuf parsing failed."
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed:)?")
 QUANTIZED = ["MatMul", "Gather"]
 MASK, POSITIONS = "attention_mask", "position_ids"
 
@@ -163,6 +167,25 @@ def write_onnx_int8(path_fp32: Path, path: Path) -> None:
         )
 
 
+def ort_errors() -> tuple[type[Exception], ...]:
+    """What onnxruntime raises for a file it cannot load (its own classes, not RuntimeError)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile")
+    return tuple(getattr(state, name) for name in names if hasattr(state, name))
+
+
+def load_error(path: Path, error: Exception, version: str) -> AttnlabError:
+    """One line for a graph onnxruntime ``version`` cannot load: its reason, and, when that
+    onnxruntime is older than the exports need, which one they need."""
+    text = str(error).strip()
+    reason = _ORT_PREFIX.sub("", text.splitlines()[0]) if text else type(error).__name__
+    hint = ""
+    if tuple(int(v) for v in re.findall(r"\d+", version)[:2]) < MIN_ONNXRUNTIME:
+        hint = f"; attnlab's exports need onnxruntime >= {'.'.join(map(str, MIN_ONNXRUNTIME))}"
+    return AttnlabError(f"onnxruntime {version} cannot load {path} ({reason}){hint}")
+
+
 class OnnxCache:
     """The cache between onnxruntime calls: the last ``present.*`` arrays and their length."""
 
@@ -185,7 +208,12 @@ class OnnxLM:
         if threads is not None:
             options.intra_op_num_threads = threads
         self.path, self.config = Path(path), config
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except ort_errors() as e:  # a damaged file, or an onnxruntime older than the graph
+            raise load_error(self.path, e, ort.__version__) from None
         self.past = [i for i in self.session.get_inputs() if i.name.startswith(PAST)]
         if not self.past:
             raise AttnlabError(
