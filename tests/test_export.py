@@ -230,24 +230,30 @@ def test_onnx_left_padding_matches_unpadded(exported: tuple[GPT, Path]) -> None:
     np.testing.assert_allclose(logits[1], torch_logits(model, long)[0], atol=1e-4, rtol=0)
 
 
-def test_onnx_attention_and_rmsnorm_are_one_node_each(
+def test_onnx_attention_rmsnorm_and_rope_are_one_node_each(
     exported: tuple[GPT, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Opset 23: each attention call is one Attention node and each RMSNorm one RMSNormalization
-    (opset 18 spelled them as a dozen small nodes apiece, and a decoding step pays per node);
-    int8 quantizes the matmuls but leaves Attention to onnxruntime's float kernel."""
+    """Opset 23: each attention call is one Attention node, each RMSNorm one RMSNormalization and
+    each RoPE rotation one RotaryEmbedding (as tensor ops they were a dozen small nodes apiece,
+    and a decoding step pays per node); int8 quantizes the matmuls and leaves these alone."""
     import onnx
 
+    from attnlab.model import attention
     from attnlab.model.layers import RMSNorm
 
     model, out = exported
-    calls = []
+    calls = {"sdpa": 0, "rotate": 0}
+
+    def counted(name: str, fn):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return run
+
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(
-        torch.nn.functional,
-        "scaled_dot_product_attention",
-        lambda *a, **k: calls.append(1) or sdpa(*a, **k),
-    )
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted("sdpa", sdpa))
+    monkeypatch.setattr(attention, "rotate", counted("rotate", attention.rotate))
     with torch.no_grad():
         model(torch.zeros(1, 3, dtype=torch.long))
     norms = sum(isinstance(m, RMSNorm) for m in model.modules())
@@ -255,8 +261,10 @@ def test_onnx_attention_and_rmsnorm_are_one_node_each(
         graph = onnx.load(str(out / FILES[fmt]))
         ops = [n.op_type for n in graph.graph.node]
         assert [(o.domain, o.version) for o in graph.opset_import] == [("", onnx_export.OPSET)]
-        assert (ops.count("Attention"), ops.count("RMSNormalization")) == (len(calls), norms)
-    assert len(calls) == 8 and norms == 7  # 2 layers: 2 rounds, each with Twicing's second
+        found = [ops.count(op) for op in ("Attention", "RMSNormalization", "RotaryEmbedding")]
+        assert found == [calls["sdpa"], norms, calls["rotate"]]
+    # 2 layers x 2 rounds: q and k rotated once a round, attention called twice (Twicing)
+    assert calls == {"sdpa": 8, "rotate": 8} and norms == 7
 
 
 def test_int8_graph_runs(exported: tuple[GPT, Path]) -> None:

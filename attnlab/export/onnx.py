@@ -11,15 +11,17 @@ prefills and decodes.
 ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handles every
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
 sequence axes symbolic instead of trusting a trace. The graph is opset 23 (onnxruntime >= 1.23):
-attention and RMSNorm become one node each, and a decoding step, a few hundred tiny nodes, is
-bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quantization
+attention, RMSNorm and RoPE become one node each, and a decoding step, a few hundred tiny nodes,
+is bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quantization
 (int8 weights, activations quantized per batch at run time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from torch import nn
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.export.trace import INPUT, OUTPUT, quiet_logger
+from attnlab.model import attention
 from attnlab.model.generation import stream
 from attnlab.train import checkpoint as ckpt
 
@@ -114,6 +117,28 @@ class CachedLogitsModel(nn.Module):
         ]
 
 
+def rotary_embedding_node(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``attention.rotate`` as ONNX's RotaryEmbedding (rotate-half, not interleaved): the same
+    arithmetic as one node instead of the six its tensor ops export as."""
+    half = x.size(-1) // 2
+    if cos.dim() == 2:  # [T, D]: every row at the same positions
+        cos, sin = cos.expand(x.size(0), -1, -1), sin.expand(x.size(0), -1, -1)
+    else:  # [B, 1, T, D]: per-row positions
+        cos, sin = cos.squeeze(1), sin.squeeze(1)
+    return torch.onnx.ops.rotary_embedding(x, cos[..., :half], sin[..., :half])
+
+
+@contextlib.contextmanager
+def rope_as_one_node() -> Iterator[None]:
+    """Trace RoPE as ``rotary_embedding_node`` while the graph is exported."""
+    plain = attention.rotate
+    attention.rotate = rotary_embedding_node
+    try:
+        yield
+    finally:
+        attention.rotate = plain
+
+
 def write_onnx(model: nn.Module, path: Path) -> None:
     """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass."""
     import onnx
@@ -134,7 +159,7 @@ def write_onnx(model: nn.Module, path: Path) -> None:
         for _, heads in names
     ]
     weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model_state_dict(model).values())
-    with warnings.catch_warnings(), quiet_logger("torch.onnx"):
+    with warnings.catch_warnings(), quiet_logger("torch.onnx"), rope_as_one_node():
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
             wrapper,
