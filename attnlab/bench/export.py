@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from attnlab import from_pretrained
-from attnlab.bench.timing import interleaved
+from attnlab.bench.timing import interleaved, relative
 from attnlab.bench.train import bench_config
 from attnlab.export import FILES, OnnxLM, export_model
 from attnlab.model import GPT
@@ -51,7 +51,8 @@ def measure(
     reps: int,
     compile: bool = True,
 ) -> list[list[str]]:
-    """Table rows: backend, file MB, tokens/s, throughput vs eager, share of eager's tokens."""
+    """Table rows: backend, file MB, tokens/s, throughput vs eager and (onnxruntime rows) vs
+    onnxruntime fp32, each the median of per-repetition ratios, share of eager's tokens."""
     cfg = model.config
     prompt = torch.randint(
         0, cfg.vocab_size, (prompts, prompt_len), generator=torch.Generator().manual_seed(0)
@@ -73,6 +74,7 @@ def measure(
         {name: (lambda name=name: decode(name)) for name in backends}, "pytorch eager", reps
     )
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    fp32 = timings["onnxruntime fp32"]
     rows = []
     for name, (_, file) in backends.items():
         size = file.stat().st_size if file.is_file() else weight_bytes
@@ -87,6 +89,7 @@ def measure(
                 f"{size / 1e6:.2f}",
                 f"{prompts * tokens / timings[name].median_s:,.0f}",
                 f"{1 / timings[name].ratio:.2f}x",
+                f"{1 / relative(timings[name], fp32).ratio:.2f}x" if "onnx" in name else "",
                 f"{100 * float(same):.0f}%",
             ]
         )

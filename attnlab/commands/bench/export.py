@@ -58,5 +58,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.prompts} prompts x {prompt_len} tokens, {args.tokens} new tokens each, greedy, KV cache, "
         f"{torch.get_num_threads()} threads, {args.reps} reps"
     )
-    print(format_table(["backend", "file MB", "tokens/s", "vs eager", "same tokens"], rows))
+    print(
+        format_table(["backend", "file MB", "tokens/s", "vs eager", "vs fp32", "same tokens"], rows)
+    )
     return 0
