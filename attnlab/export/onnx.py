@@ -18,12 +18,11 @@ is bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quanti
 
 from __future__ import annotations
 
-import contextlib
 import re
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -128,17 +127,6 @@ def rotary_embedding_node(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return torch.onnx.ops.rotary_embedding(x, cos[..., :half], sin[..., :half])
 
 
-@contextlib.contextmanager
-def rope_as_one_node() -> Iterator[None]:
-    """Trace RoPE as ``rotary_embedding_node`` while the graph is exported."""
-    plain = attention.rotate
-    attention.rotate = rotary_embedding_node
-    try:
-        yield
-    finally:
-        attention.rotate = plain
-
-
 def write_onnx(model: nn.Module, path: Path) -> None:
     """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass."""
     import onnx
@@ -159,7 +147,11 @@ def write_onnx(model: nn.Module, path: Path) -> None:
         for _, heads in names
     ]
     weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model_state_dict(model).values())
-    with warnings.catch_warnings(), quiet_logger("torch.onnx"), rope_as_one_node():
+    with (
+        warnings.catch_warnings(),
+        quiet_logger("torch.onnx"),
+        mock.patch.object(attention, "rotate", rotary_embedding_node),  # RoPE as one node
+    ):
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
             wrapper,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -131,8 +130,10 @@ def attention(
     if need_weights or k.size(1) != v.size(1):  # explicit heads (v may have been widened)
         k, v = repeat_kv(k, q.size(1) // k.size(1)), repeat_kv(v, q.size(1) // v.size(1))
     # SDPA shares each kv head among its query heads itself: no copy of the (cached) keys and
-    # values per call, and one ONNX Attention node with kv_num_heads
-    sdpa = partial(F.scaled_dot_product_attention, enable_gqa=bool(k.size(1) != q.size(1)))
+    # values per call, and one ONNX Attention node with kv_num_heads (bool(): a jit trace's
+    # sizes are tensors)
+    gqa = bool(k.size(1) != q.size(1))
+    sdpa = F.scaled_dot_product_attention
     tq, tk = q.size(2), k.size(2)
     if need_weights:
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
@@ -141,13 +142,15 @@ def attention(
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return F.dropout(weights, dropout_p) @ v, weights
     if mask is not None:
-        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa), None
     if tq == tk:  # full sequence: nanoGPT's exact call
-        return sdpa(q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True), None
+        return sdpa(
+            q, k, v, attn_mask=None, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa
+        ), None
     if tq == 1:  # one new token sees every cached position
-        return sdpa(q, k, v, dropout_p=dropout_p), None
+        return sdpa(q, k, v, dropout_p=dropout_p, enable_gqa=gqa), None
     mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
-    return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa), None
 
 
 class CausalSelfAttention(nn.Module):

@@ -24,7 +24,7 @@ from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, write_json
-from attnlab.rundir import SFT_FILE, RunDir, is_run_folder
+from attnlab.rundir import SFT_FILE, RunDir
 from attnlab.train import checkpoint as ckpt
 from attnlab.train.spec import with_scaled_schedule
 from attnlab.train.trainer import Trainer
@@ -218,7 +218,7 @@ def start(
     run = RunDir(Path(out).expanduser().resolve())
     if ckpt.checkpoint_dir(run.latest) is not None:
         raise AttnlabError(f"{run.path} already holds a run; use --resume or another --out")
-    if check_out_path(run.path) and not is_run_folder(run.path):  # nothing of someone else's
+    if check_out_path(run.path) and run.is_foreign():  # nothing of someone else's
         raise AttnlabError(f"{out} is not empty and is not a run folder; choose another --out")
     if not (folder / ckpt.TOKENIZER).is_file():
         raise AttnlabError(f"{folder} has no {ckpt.TOKENIZER}; SFT needs the model's tokenizer")
