@@ -28,7 +28,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +50,44 @@ def check_out_path(out: Path, flag: str = "--out") -> bool:
     return any(out.iterdir())
 
 
+def holds_only(folder: Path, names: Iterable[str]) -> bool:
+    """Whether every entry of ``folder`` is a file named in ``names`` (what a writer may replace:
+    a README, a subfolder or anything else a user put beside its files is not its to delete)."""
+    allowed = set(names)
+    return all(p.name in allowed and p.is_file() and not p.is_symlink() for p in folder.iterdir())
+
+
+def refuse_source_inside(out: Path, sources: Iterable[str | Path], flag: str = "--out") -> None:
+    """Refuse an ``out`` that is, or contains, a file or folder the command reads from: replacing
+    ``out`` would delete the command's own input, with --overwrite or without."""
+    target = Path(os.path.realpath(out.expanduser()))  # realpath: no error on a symlink loop
+    for source in sources:
+        path = Path(os.path.realpath(Path(source).expanduser()))
+        if path == target or target in path.parents:
+            raise AttnlabError(
+                f"{flag} {out} would replace the source {source}; choose another {flag}"
+            )
+
+
 def refuse_foreign(
     out: Path,
     what: str,
     overwrite: bool = False,
     is_own: Callable[[Path], bool] | None = None,
     flag: str = "--out",
+    sources: Iterable[str | Path] = (),
 ) -> bool:
     """Raise unless ``out`` may be (re)written; return True when it holds something to replace.
 
     ``is_own(out)`` says whether a non-empty ``out`` is this command's own kind of output, which
-    it may replace without ``--overwrite``; None means every non-empty folder needs it. An ``out``
-    that a killed process left mid-swap is first restored (``restore_interrupted_swap``).
+    it may replace without ``--overwrite``; None means every non-empty folder needs it. ``out``
+    may never be or contain one of ``sources`` (refuse_source_inside). An ``out`` that a killed
+    process left mid-swap is first restored (``restore_interrupted_swap``).
     """
     restore_interrupted_swap(out)
-    if not check_out_path(out, flag) or overwrite or (is_own is not None and is_own(out)):
+    full = check_out_path(out, flag)
+    refuse_source_inside(out, sources, flag)
+    if not full or overwrite or (is_own is not None and is_own(out)):
         return out.exists()
     kind = f" and is not a {what}" if is_own is not None else ""
     raise AttnlabError(
@@ -184,6 +207,7 @@ def replace_folder(
     overwrite: bool = False,
     is_own: Callable[[Path], bool] | None = None,
     flag: str = "--out",
+    sources: Iterable[str | Path] = (),
 ) -> Iterator[Path]:
     """Yield an empty temporary sibling of ``out`` to write into; swap it in when the block ends.
 
@@ -192,13 +216,18 @@ def replace_folder(
     was; a full disk becomes one AttnlabError saying so.
     """
     out = Path(out).expanduser()
-    refuse_foreign(out, what, overwrite, is_own, flag)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out)
+    refuse_foreign(out, what, overwrite, is_own, flag, sources)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out)
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+    except OSError as e:  # a read-only or pseudo file system (/proc), a permission
+        if e.errno == errno.ENOSPC:
+            raise AttnlabError(no_space_message(out)) from e
+        raise AttnlabError(f"cannot write {out} ({e.strerror}); choose another {flag}") from None
+    try:
         yield tmp
         fsync_tree(tmp)
         swap_in(tmp, out)

@@ -989,6 +989,13 @@ def test_a_run_trained_on_relative_data_finds_it_from_another_folder(
     assert p.returncode == 0, p.stderr
 
 
+def test_bench_export_refuses_a_prompt_longer_than_the_block(attnlab):
+    """It was clipped to the block quietly, after a slow export."""
+    p = attnlab("bench", "export", "--prompt-len", "300", "--no-compile")
+    assert error_line(p, "bench") == "--prompt-len 300 is longer than the model's block_size 128"
+    assert p.stdout == ""
+
+
 @pytest.mark.parametrize("length", ["0", "-3"])  # 0 ran with the default, -3 was a traceback
 def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path, length):
     p = attnlab("bench", "export", "--prompt-len", length, "--no-compile")

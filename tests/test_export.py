@@ -447,6 +447,98 @@ def test_an_onnxruntime_too_old_for_the_graph_is_named() -> None:
     )
 
 
+def failed_line(capsys, status: int, command: str) -> str:
+    """The one error line of an in-process CLI call that must have failed with status 2."""
+    from test_bad_input import error_line
+
+    return error_line(subprocess.CompletedProcess([], status, "", capsys.readouterr().err), command)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "int8"),
+    [("n_layer", 3, False), ("n_embd", 64, True), ("vocab_size", 65, False)],
+)
+def test_onnxruntime_refuses_a_config_json_that_does_not_describe_the_graph(
+    exported: tuple[GPT, Path], tmp_path: Path, capsys, field: str, value: int, int8: bool
+) -> None:
+    """An edited config.json ran silently under onnxruntime (the torch path refused it)."""
+    from test_folder_safety import snapshot
+
+    folder = tmp_path / "exported"
+    shutil.copytree(exported[1], folder)
+    config = json.loads((folder / "config.json").read_text())
+    was = config[field]
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    before = snapshot(tmp_path)
+    args = ["sample", str(folder), "--backend", "onnxruntime", "--prompt", "a"]
+    status = cli_main([*args, "--int8"] if int8 else args)
+    graph = FILES["onnx-int8" if int8 else "onnx"]
+    assert failed_line(capsys, status, "sample") == (
+        f"{folder / 'config.json'} does not describe {graph} ({field} {value} vs {was}: "
+        "config.json vs the graph); export the model again"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_onnxruntime_refuses_a_graph_without_its_config_record(
+    exported: tuple[GPT, Path], tmp_path: Path, capsys
+) -> None:
+    import onnx
+
+    folder = tmp_path / "exported"
+    shutil.copytree(exported[1], folder)
+    graph = onnx.load(str(folder / FILES["onnx"]))
+    del graph.metadata_props[:]
+    onnx.save(graph, str(folder / FILES["onnx"]))
+    status = cli_main(["sample", str(folder), "--backend", "onnxruntime", "--prompt", "a"])
+    assert failed_line(capsys, status, "sample") == (
+        f"{folder / FILES['onnx']} does not record its model config (an older export); "
+        "run `attnlab export` again"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"n_embd": "x"}, "n_embd must be an integer, not 'x'"),
+        ({"n_layer": 2.5}, "n_layer must be an integer, not 2.5"),
+        ({"n_head": True}, "n_head must be an integer, not True"),
+        ({"tie_word_embeddings": "no"}, "tie_word_embeddings must be true or false, not 'no'"),
+        ({"model_type": "llama"}, "hidden_size is missing"),
+        (
+            {"scale_attn_weights": False},
+            ("scale_attn_weights=false; attnlab's GPT-2 backbone computes scale_attn_weights=true"),
+        ),
+    ],
+)
+def test_a_malformed_native_config_json_is_one_line(
+    tmp_path: Path, capsys, edit: dict, message: str
+) -> None:
+    """``int("x")`` / a missing Llama key in an edited GPT-2 config.json were tracebacks."""
+    from test_folder_safety import snapshot
+
+    save_checkpoint(tmp_path / "ckpt", make_model(), chat_tokenizer())
+    folder = tmp_path / "gpt2"
+    assert (
+        cli_main(
+            ["export", str(tmp_path / "ckpt"), "--formats", "safetensors", "--out", str(folder)]
+        )
+        == 0
+    )
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "gpt2"
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    for command in (
+        ["sample", str(folder), "--prompt", "a"],
+        ["bench", "export", "--model", str(folder)],
+    ):
+        status = cli_main(command)
+        assert failed_line(capsys, status, command[0]) == f"{folder / 'config.json'}: {message}"
+    assert snapshot(tmp_path) == before
+
+
 def round_trip(model: GPT, folder: Path) -> dict[str, float]:
     """Max |logit difference| of each exported format against ``model``."""
     x = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(5))
@@ -553,3 +645,53 @@ def test_export_out_refuses_foreign_folder_and_swaps(
     # --overwrite replaces the foreign folder whole
     assert cli_main([*args, "--overwrite"]) == 0
     assert set(tree(foreign)) == set(before)
+
+
+@pytest.mark.parametrize(
+    "case", ["hf-folder", "extra-file", "subfolder", "source", "run-inside", "checkpoint", "proc"]
+)
+def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, case: str) -> None:
+    """Any folder whose config.json had n_layer counted as an export: a Hugging Face GPT-2
+    folder, an export with notes beside it, the run being exported, all replaced whole."""
+    from test_folder_safety import snapshot
+
+    run = tmp_path / "run"
+    save_checkpoint(run / "best", make_model(), None)
+    args = ["export", str(run), "--formats", "safetensors"]
+    earlier = tmp_path / "earlier"
+    assert cli_main([*args, "--out", str(earlier)]) == 0
+    out, extra = {
+        "hf-folder": (tmp_path / "hf", []),
+        "extra-file": (earlier, []),
+        "subfolder": (earlier, []),
+        "source": (run, ["--overwrite"]),
+        "run-inside": (tmp_path, ["--overwrite"]),
+        "checkpoint": (run / "best", ["--overwrite"]),
+        "proc": (Path("/proc/attnlab-export-test"), []),
+    }[case]
+    if case == "hf-folder":
+        shutil.copytree(earlier, out)  # GPT-2's own config.json: n_layer, no attnlab_version
+        config = json.loads((out / "config.json").read_text())
+        del config["attnlab_version"]
+        (out / "config.json").write_text(json.dumps(config))
+    elif case == "extra-file":
+        (earlier / "README.md").write_text("my model card")
+    elif case == "subfolder":
+        (earlier / "eval").mkdir()
+    if case == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc")
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    status = cli_main([*args, "--out", str(out), *extra])
+    if case in ("source", "run-inside", "checkpoint"):
+        source = run / "best" if case == "checkpoint" else run
+        expected = f"--out {out} would replace the source {source}; choose another --out"
+    elif case == "proc":
+        expected = f"cannot write {out} (No such file or directory); choose another --out"
+    else:
+        expected = (
+            f"{out} is not empty and is not a model folder exported by attnlab; pass "
+            "--overwrite to replace it, or choose another --out"
+        )
+    assert failed_line(capsys, status, "export") == expected
+    assert snapshot(tmp_path) == before

@@ -360,3 +360,21 @@ def test_an_attnlab_home_that_is_a_file_is_named(attnlab, tmp_path: Path, monkey
         f"{home / 'data' / 'shakespeare-char'}: Not a directory; choose another ATTNLAB_HOME"
     )
     assert home.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("command", ["prepare", "import-nanogpt"])
+def test_an_out_holding_the_commands_own_input_is_refused_even_with_overwrite(
+    attnlab, tmp_path: Path, command: str
+) -> None:
+    """--overwrite replaced the folder whole, the input the command had just read with it."""
+    out = tmp_path / "project"
+    out.mkdir()
+    source = out / ("corpus.txt" if command == "prepare" else "ckpt.pt")
+    source.write_text("my only copy " * 1000)
+    before = snapshot(tmp_path)
+    args = ["--corpus", str(source)] if command == "prepare" else [str(source)]
+    p = attnlab(command, *args, "--out", str(out), "--overwrite")
+    assert error_line(p, command) == (
+        f"--out {out} would replace the source {source}; choose another --out"
+    )
+    assert snapshot(tmp_path) == before

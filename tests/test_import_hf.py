@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,27 @@ def test_import_hf_logits_equal(
         ),
         (None, "has no config.json"),
         ([{"model_type": "gpt2"}], "config.json is not a JSON object; expected a Hugging Face"),
-        ({"model_type": "llama", "hidden_size": 32}, "missing or malformed field (KeyError"),
+        ({"model_type": "llama", "hidden_size": 32}, "config.json: num_attention_heads is missing"),
+        ({"model_type": "llama", **GPT2}, "config.json: hidden_size is missing"),
+        ({"model_type": "gpt2", **GPT2, "n_embd": "32"}, "n_embd must be an integer, not '32'"),
+        ({"model_type": "gpt2", **GPT2, "n_layer": 2.5}, "n_layer must be an integer, not 2.5"),
+        (
+            {"model_type": "llama", **LLAMA, "rope_scaling": "linear"},
+            "config.json: rope_scaling must be an object, not 'linear'",
+        ),
+        # GPT-2 options that change its arithmetic were imported as if absent
+        *(
+            (
+                {"model_type": "gpt2", **GPT2, name: value},
+                f"{name}={json.dumps(value)}; attnlab's GPT-2 backbone computes "
+                f"{name}={json.dumps(not value)}",
+            )
+            for name, value in [
+                ("scale_attn_weights", False),
+                ("scale_attn_by_inverse_layer_idx", True),
+                ("add_cross_attention", True),
+            ]
+        ),
     ],
 )
 def test_import_hf_refuses_what_it_cannot_convert(
@@ -113,3 +134,70 @@ def test_import_hf_refuses_what_it_cannot_convert(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("case", ["source", "inside", "hf-folder", "extra-file", "subfolder"])
+def test_import_hf_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, case: str) -> None:
+    """A folder with config.json + model.safetensors counted as an import's own output: a
+    Hugging Face folder, an import with a README beside it, or import-hf's own source were
+    replaced whole, without --overwrite."""
+    src = tmp_path / "hf"
+    hf_model("gpt2").save_pretrained(src)
+    mine = tmp_path / "mine"
+    assert cli_main(["import-hf", str(src), "--out", str(mine)]) == 0
+    out, extra = {
+        "source": (src, []),
+        "inside": (tmp_path, ["--overwrite"]),  # --overwrite or not: the source is in there
+        "hf-folder": (tmp_path / "hf2", []),
+        "extra-file": (mine, []),
+        "subfolder": (mine, []),
+    }[case]
+    if case == "hf-folder":
+        shutil.copytree(src, out)
+    elif case == "extra-file":
+        (mine / "README.md").write_text("my notes")
+    elif case == "subfolder":
+        (mine / "eval").mkdir()
+        (mine / "eval" / "scores.csv").write_text("1,2")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    assert cli_main(["import-hf", str(src), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if case in ("source", "inside"):
+        expected = f"--out {out} would replace the source {src}; choose another --out"
+    else:
+        expected = (
+            f"{out} is not empty and is not a model folder written by import-hf; pass "
+            "--overwrite to replace it, or choose another --out"
+        )
+    assert err == [f"attnlab import-hf: error: {expected}"]
+    assert tree(tmp_path) == before
+    # its own earlier output is still replaced without --overwrite
+    if case == "hf-folder":
+        assert cli_main(["import-hf", str(src), "--out", str(mine)]) == 0
+        assert sorted(p.name for p in mine.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_import_hf_names_the_source_when_a_weight_is_missing(tmp_path: Path, capsys) -> None:
+    """The strict load ran on the temporary output, so the error named `.mine.tmp-PID`."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "hf"
+    hf_model("gpt2").save_pretrained(src)
+    sd = load_file(src / "model.safetensors")
+    del sd["transformer.ln_f.bias"]
+    save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
+    before = tree(tmp_path)
+    capsys.readouterr()  # transformers' progress bars
+    assert cli_main(["import-hf", str(src), "--out", str(tmp_path / "mine")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnlab import-hf: error: {src} does not fit the model: missing keys: "
+        "transformer.ln_f.bias"
+    ]
+    assert tree(tmp_path) == before

@@ -25,21 +25,22 @@ from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding
 
 
-def bench_model(model_dir: str | None, preset: str, scratch: Path) -> tuple[Any, Path]:
-    """(PyTorch model, folder holding model.onnx and model-int8.onnx for the same weights): the
-    model in ``model_dir`` (exported to ``scratch`` unless it holds both ONNX files already), or
-    a randomly initialised model of ``preset``."""
+def bench_model(model_dir: str | None, preset: str) -> Any:
+    """The PyTorch model in ``model_dir``, or a randomly initialised model of ``preset``."""
     if model_dir:
-        model, _ = from_pretrained(model_dir, device="cpu")
-        folder = Path(model_dir)
-        if all((folder / FILES[f]).is_file() for f in ("onnx", "onnx-int8")):
-            return model, folder
-    else:
-        torch.manual_seed(0)
-        model = GPT(bench_config(preset)[0])
+        return from_pretrained(model_dir, device="cpu")[0]
+    torch.manual_seed(0)
+    return GPT(bench_config(preset)[0])
+
+
+def onnx_folder(model: Any, model_dir: str | None, scratch: Path) -> Path:
+    """A folder holding model.onnx and model-int8.onnx of ``model``'s weights: ``model_dir``
+    when it holds both already, else ``scratch`` after exporting them there."""
+    if model_dir and all((Path(model_dir) / FILES[f]).is_file() for f in ("onnx", "onnx-int8")):
+        return Path(model_dir)
     print(f"bench export: exporting ONNX fp32 and int8 to {scratch}", file=sys.stderr)
     export_model(model, None, scratch, ["onnx-int8"])
-    return model, scratch
+    return scratch
 
 
 def measure(

@@ -106,7 +106,10 @@ def prepare(
         out = default_data_dir(tokenizer, vocab_size)
     out = Path(out).expanduser()
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
-    with replace_folder(out, "prepared data folder", overwrite, is_data_folder, flag) as tmp:
+    files = [s for s in sources or [] if Path(s).expanduser().exists()]  # not hf: or embedded
+    with replace_folder(
+        out, "prepared data folder", overwrite, is_data_folder, flag, sources=files
+    ) as tmp:
         with _stage(progress, f"reading {', '.join(sources or [EMBEDDED])}") as done:
             corpus = load_corpus(sources, val_fraction)
             done.append(

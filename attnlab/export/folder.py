@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.export.hf import EXPORT_MARK, write_metadata
+from attnlab.export.hf import EXPORT_MARK, METADATA_FILES, write_metadata
 from attnlab.export.onnx import INT8_FILE, ONNX_FILE, write_onnx, write_onnx_int8
 from attnlab.export.torchscript import write_torchscript
-from attnlab.fsutil import replace_folder
+from attnlab.fsutil import holds_only, replace_folder
 from attnlab.model import hf_map
 from attnlab.train import checkpoint as ckpt
 
@@ -69,13 +69,17 @@ def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
     torch.save(sd, path)
 
 
+# every file an export may hold (a large model's ONNX weights go to an external data file)
+EXPORT_FILES = frozenset({*FILES.values(), f"{ONNX_FILE}.data", *METADATA_FILES})
+
+
 def is_export(folder: Path) -> bool:
-    """Whether ``folder`` holds an attnlab export (or checkpoint), which export may replace."""
+    """Whether ``folder`` holds an attnlab export and nothing else, which export may replace."""
     try:
         data = json.loads((folder / ckpt.CONFIG).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and (EXPORT_MARK in data or "n_layer" in data)
+    return isinstance(data, dict) and EXPORT_MARK in data and holds_only(folder, EXPORT_FILES)
 
 
 def export_model(
@@ -85,23 +89,26 @@ def export_model(
     formats: Iterable[str] = FORMATS,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
+    sources: Iterable[str | Path] = (),
 ) -> dict[str, Path]:
     """Write ``model`` to ``out`` (moving it to the CPU, in eval mode); returns format -> file.
 
     ``out`` is written beside and swapped in; a non-empty ``out`` that is not an attnlab export
-    is refused unless ``overwrite``.
+    is refused unless ``overwrite``, and an ``out`` holding one of ``sources`` (where the model
+    came from) always.
     """
     out = Path(out).expanduser()
     formats = parse_formats(",".join(formats))
     model = model.to("cpu").eval()
     written = {}
-    with replace_folder(out, "model folder exported by attnlab", overwrite, is_export) as tmp:
+    what = "model folder exported by attnlab"
+    with replace_folder(out, what, overwrite, is_export, sources=sources) as tmp:
         sd = hf_state_dict(model, write_metadata(tmp, model.config, tokenizer))
         writers: dict[str, Callable[[], None]] = {
             "safetensors": lambda: ckpt.write_state_dict(sd, tmp / FILES["safetensors"]),
             "bin": lambda: write_bin(sd, tmp / FILES["bin"]),
             "torchscript": lambda: write_torchscript(model, tmp / FILES["torchscript"]),
-            "onnx": lambda: write_onnx(model, tmp / FILES["onnx"]),
+            "onnx": lambda: write_onnx(model, tmp / FILES["onnx"], ckpt.read_model_config(tmp)),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),
         }
         for fmt in formats:
@@ -121,5 +128,6 @@ def export(
     overwrite: bool = False,
 ) -> dict[str, Path]:
     """Export a run folder or model folder (see ``export_model``)."""
+    sources = (source, ckpt.model_folder(source))  # a run folder, and the checkpoint in it
     model, tokenizer = ckpt.load_pretrained(source, device="cpu")
-    return export_model(model, tokenizer, out, formats, log, overwrite)
+    return export_model(model, tokenizer, out, formats, log, overwrite, sources)

@@ -25,6 +25,7 @@ from attnlab.data.tokenizer import UNK, Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import replace_folder
 from attnlab.model import hf_map
+from attnlab.model.memory import check_fits
 from attnlab.train import checkpoint as ckpt
 
 PACKAGE_DIR = Path(attnlab.__file__).parent
@@ -33,6 +34,16 @@ CONFIGURATION, MODELING = "configuration_attnlab.py", "modeling_attnlab.py"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+# every file write_metadata may write
+METADATA_FILES = (
+    "config.json",
+    "tokenizer.json",
+    GENERATION_CONFIG,
+    TOKENIZER_CONFIG,
+    SPECIAL_TOKENS_MAP,
+    CONFIGURATION,
+    MODELING,
+)
 # config.json key naming the attnlab version that exported the folder
 EXPORT_MARK = "attnlab_version"
 # nanoGPT's sample.py defaults; `attnlab sample` uses the same temperature
@@ -230,24 +241,18 @@ def import_hf(
     kind = data.get("model_type")
     if kind not in hf_map.KINDS:
         raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
-    try:
-        config = hf_map.config_from_hf(data, str(path))
-    except (KeyError, TypeError, ValueError) as e:
-        raise AttnlabError(
-            f"{path}: missing or malformed field ({type(e).__name__}: {e})"
-        ) from None
+    config = hf_map.config_from_hf(data, str(path))
+    check_fits(config, "cpu", what=str(folder))
     sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind)
     if config.tie_embeddings:
         sd.pop("lm_head.weight", None)
+    model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
     tokenizer = None
     if (folder / ckpt.TOKENIZER).is_file():
         tokenizer = attnlab_tokenizer(folder / ckpt.TOKENIZER)
     out = Path(out).expanduser()
-    is_model = lambda p: ckpt.checkpoint_dir(p) is not None  # noqa: E731
-    with replace_folder(out, "attnlab model folder", overwrite, is_model) as tmp:
-        (tmp / ckpt.CONFIG).write_text(config.to_json())
-        if tokenizer is not None:
-            tokenizer.save(tmp / ckpt.TOKENIZER)
-        ckpt.write_state_dict(sd, tmp / ckpt.WEIGHTS)
-        model, _ = ckpt.load_pretrained(tmp)  # strict: every weight in place, none left over
-    return model.eval(), out, None if tokenizer is None else tokenizer.kind
+    with replace_folder(
+        out, "model folder written by import-hf", overwrite, ckpt.is_model_folder, sources=[folder]
+    ) as tmp:
+        ckpt.write_model_folder(tmp, model, tokenizer)
+    return model, out, None if tokenizer is None else tokenizer.kind

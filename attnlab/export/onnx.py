@@ -18,6 +18,7 @@ is bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quanti
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnlab.config import ModelConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.export.trace import INPUT, OUTPUT, quiet_logger
@@ -47,6 +49,7 @@ MIN_ONNXRUNTIME = (1, 23)  # the first with opset 23's Attention on the CPU
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .* failed:)?")
 QUANTIZED = ["MatMul", "Gather"]
 MASK, POSITIONS = "attention_mask", "position_ids"
+CONFIG_KEY = "attnlab.config"  # the graph's metadata entry holding its ModelConfig as JSON
 
 
 def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
@@ -127,8 +130,12 @@ def rotary_embedding_node(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return torch.onnx.ops.rotary_embedding(x, cos[..., :half], sin[..., :half])
 
 
-def write_onnx(model: nn.Module, path: Path) -> None:
-    """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass."""
+def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) -> None:
+    """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass.
+
+    The graph records ``config`` (default: the model's; an export passes what its config.json
+    reads back as) so that a loader can tell when config.json no longer describes it.
+    """
     import onnx
 
     cfg = model.config
@@ -170,7 +177,31 @@ def write_onnx(model: nn.Module, path: Path) -> None:
             external_data=weight_bytes > PROTOBUF_LIMIT,
             verbose=False,
         )
+    graph = onnx.load(str(path), load_external_data=False)
+    onnx.helper.set_model_props(graph, {CONFIG_KEY: (config or cfg).to_json()})
+    onnx.save(graph, str(path))
     onnx.checker.check_model(str(path))
+
+
+def check_recorded_config(path: Path, recorded: str | None, config: ModelConfig) -> None:
+    """Refuse a graph whose recorded ModelConfig differs from ``config`` (its config.json):
+    onnxruntime would run it anyway, with the folder's tokenizer and limits describing another
+    model."""
+    if recorded is None:
+        raise AttnlabError(
+            f"{path} does not record its model config (an older export); run `attnlab export` again"
+        )
+    try:
+        graph = ModelConfig.from_dict(json.loads(recorded)).to_dict()
+    except (AttnlabError, ValueError, TypeError) as e:
+        raise AttnlabError(f"{path}: its recorded model config is unreadable ({e})") from None
+    wanted = config.to_dict()
+    diffs = [f"{k} {wanted[k]!r} vs {graph[k]!r}" for k in wanted if wanted[k] != graph[k]]
+    if diffs:
+        raise AttnlabError(
+            f"{path.parent / ckpt.CONFIG} does not describe {path.name} ({', '.join(diffs)}: "
+            "config.json vs the graph); export the model again"
+        )
 
 
 def write_onnx_int8(path_fp32: Path, path: Path) -> None:
@@ -218,7 +249,7 @@ class OnnxLM:
     graph's KV cache (and recomputes the window once the context outgrows block_size).
     """
 
-    def __init__(self, path: str | Path, config: Any, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path, config: ModelConfig, threads: int | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -231,6 +262,8 @@ class OnnxLM:
             )
         except ort_errors() as e:  # a damaged file, or an onnxruntime older than the graph
             raise load_error(self.path, e, ort.__version__) from None
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        check_recorded_config(self.path, metadata.get(CONFIG_KEY), config)
         self.past = [i for i in self.session.get_inputs() if i.name.startswith(PAST)]
         if not self.past:
             raise AttnlabError(

@@ -16,12 +16,13 @@ transformers reads (``model_type="attnlab"`` ...); ``config_from_hf`` reads all 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.model import mechanisms
 
 KINDS = ("gpt2", "llama")
@@ -95,67 +96,118 @@ def config_to_hf(config: ModelConfig, kind: str | None) -> dict[str, Any]:
     return {**config.to_dict(), **common, "model_type": "attnlab"}
 
 
-def _get(data: dict[str, Any], *names: str, default: Any = None) -> Any:
-    return next((data[n] for n in names if data.get(n) is not None), default)
+_REQUIRED = object()
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+# GPT-2 options that change its maths from attnlab's backbone, with the value attnlab computes
+_GPT2_FIXED = {
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "add_cross_attention": False,
+}
+
+
+class _Reader:
+    """Typed reads of a config.json written by someone else: a value of the wrong type, or a
+    missing one, is one line naming the key (``int("x")`` or ``data["hidden_size"]`` was a
+    traceback, ``int(1.5)`` a silently different model)."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data, self.source = data, source
+
+    def value(self, *names: str, default: Any = _REQUIRED, kind: type = int) -> Any:
+        """The first of ``names`` that is set (not null), checked to be a ``kind``."""
+        name = next((n for n in names if self.data.get(n) is not None), None)
+        if name is None:
+            if default is _REQUIRED:
+                raise AttnlabError(f"{self.source}: {names[0]} is missing")
+            return default
+        value = self.data[name]
+        kinds = (int, float) if kind is float else (kind,)
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kinds):
+            raise AttnlabError(f"{self.source}: {name} must be {_KIND_NAMES[kind]}, not {value!r}")
+        return value
+
+    def section(self, name: str) -> _Reader:
+        """A nested object (rope_scaling, rope_parameters); null reads as empty."""
+        value = self.data.get(name) or {}
+        if not isinstance(value, dict):
+            raise AttnlabError(f"{self.source}: {name} must be an object, not {value!r}")
+        return _Reader(value, f"{self.source}: {name}")
 
 
 def config_from_hf(data: dict[str, Any], source: str = "config.json") -> ModelConfig:
     """The ModelConfig of an HF config.json of model_type attnlab, gpt2 or llama."""
+    try:
+        return _config_from_hf(data, source)
+    except ConfigError as e:  # a value ModelConfig refuses: name the file it came from
+        raise AttnlabError(f"{source}: {e}") from None
+
+
+def _config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     kind = data.get("model_type")
-    tie = bool(data.get("tie_word_embeddings", True))
     if kind == "attnlab":
         return ModelConfig.from_dict(
             {k: v for k, v in data.items() if k in ModelConfig.field_names()}
         )
+    read = _Reader(data, source)
+    tie = read.value("tie_word_embeddings", default=True, kind=bool)
     if kind == "gpt2":
-        act = data.get("activation_function", "gelu_new")
+        act = read.value("activation_function", default="gelu_new", kind=str)
         if act not in _GPT2_ACTIVATIONS:
             raise AttnlabError(
                 f"{source}: activation_function {act!r}; attnlab's GPT-2 backbone has "
                 f"{', '.join(map(repr, _GPT2_ACTIVATIONS))}"
             )
-        n_embd = int(data.get("n_embd", 768))
+        for name, fixed in _GPT2_FIXED.items():
+            if read.value(name, default=fixed, kind=bool) != fixed:
+                raise AttnlabError(
+                    f"{source}: {name}={json.dumps(not fixed)}; attnlab's GPT-2 backbone "
+                    f"computes {name}={json.dumps(fixed)}"
+                )
+        n_embd = read.value("n_embd", default=768)
         return ModelConfig(
-            block_size=int(data.get("n_positions", 1024)),
-            vocab_size=int(data["vocab_size"]),
-            n_layer=int(data.get("n_layer", 12)),
-            n_head=int(data.get("n_head", 12)),
+            block_size=read.value("n_positions", default=1024),
+            vocab_size=read.value("vocab_size"),
+            n_layer=read.value("n_layer", default=12),
+            n_head=read.value("n_head", default=12),
             n_embd=n_embd,
-            d_ffn=int(_get(data, "n_inner", default=4 * n_embd)),
-            norm_eps=float(data.get("layer_norm_epsilon", 1e-5)),
+            d_ffn=read.value("n_inner", default=4 * n_embd),
+            norm_eps=float(read.value("layer_norm_epsilon", default=1e-5, kind=float)),
             mlp=_GPT2_ACTIVATIONS[act],
             bias=True,
             tie_embeddings=tie,
         )
     if kind == "llama":
-        act = data.get("hidden_act", "silu")
-        scaling = data.get("rope_scaling") or {}
-        params = data.get("rope_parameters") or {}
-        rope_type = _get(scaling, "rope_type", "type") or _get(params, "rope_type") or "default"
+        act = read.value("hidden_act", default="silu", kind=str)
+        scaling, params = read.section("rope_scaling"), read.section("rope_parameters")
+        rope_type = scaling.value("rope_type", "type", default=None, kind=str) or params.value(
+            "rope_type", default="default", kind=str
+        )
         if act != "silu" or rope_type != "default":
             raise AttnlabError(
                 f"{source}: hidden_act {act!r} / rope type {rope_type!r}; attnlab's Llama "
                 "backbone is SwiGLU (silu) with plain RoPE"
             )
-        n_embd, n_head = int(data["hidden_size"]), int(data["num_attention_heads"])
-        if int(_get(data, "head_dim", default=n_embd // n_head)) * n_head != n_embd:
+        n_embd, n_head = read.value("hidden_size"), read.value("num_attention_heads")
+        if n_head <= 0 or read.value("head_dim", default=n_embd // n_head) * n_head != n_embd:
             raise AttnlabError(f"{source}: head_dim * num_attention_heads must equal hidden_size")
-        bias = bool(data.get("attention_bias", False))
-        if bool(data.get("mlp_bias", False)) != bias:
+        bias = read.value("attention_bias", default=False, kind=bool)
+        if read.value("mlp_bias", default=False, kind=bool) != bias:
             raise AttnlabError(f"{source}: attention_bias and mlp_bias must agree for attnlab")
+        theta = read.value("rope_theta", default=None, kind=float)
         return ModelConfig(
-            block_size=int(data.get("max_position_embeddings", 2048)),
-            vocab_size=int(data["vocab_size"]),
-            n_layer=int(data["num_hidden_layers"]),
+            block_size=read.value("max_position_embeddings", default=2048),
+            vocab_size=read.value("vocab_size"),
+            n_layer=read.value("num_hidden_layers"),
             n_head=n_head,
             n_embd=n_embd,
-            n_kv_head=int(_get(data, "num_key_value_heads", default=n_head)),
-            d_ffn=int(data["intermediate_size"]),
+            n_kv_head=read.value("num_key_value_heads", default=n_head),
+            d_ffn=read.value("intermediate_size"),
             norm="rmsnorm",
-            norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            norm_eps=float(read.value("rms_norm_eps", default=1e-6, kind=float)),
             pos="rope",
             rope_theta=float(
-                _get(data, "rope_theta", default=_get(params, "rope_theta", default=1e4))
+                theta if theta is not None else params.value("rope_theta", default=1e4, kind=float)
             ),
             mlp="swiglu",
             bias=bias,

@@ -34,7 +34,7 @@ from safetensors.torch import save
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import fsync_tree, no_space_message, remove_stale_temps, swap_in
+from attnlab.fsutil import fsync_tree, holds_only, no_space_message, remove_stale_temps, swap_in
 from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
 from attnlab.model.layers import Rotary
@@ -45,6 +45,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 BIN_WEIGHTS = "pytorch_model.bin"
 TOKENIZER = "tokenizer.json"
+MODEL_FILES = (CONFIG, TOKENIZER, WEIGHTS)  # a model folder: write_model_folder's files
 TRAIN_CONFIG = "train_config.json"
 TRAINER_STATE = "trainer_state.pt"
 ASIDE = ".old"
@@ -159,6 +160,15 @@ def _kill_hook(stage: str, save_number: int) -> None:
     """The KILL_HOOK test hook: SIGKILL this process at ``stage`` of the chosen save."""
     if os.environ.get(KILL_HOOK) == f"{stage}:{save_number}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def is_model_folder(folder: Path) -> bool:
+    """Whether ``folder`` is an attnlab model folder (write_model_folder's files, nothing else)."""
+    return (
+        checkpoint_dir(folder) == folder
+        and model_type(folder) is None
+        and holds_only(folder, MODEL_FILES)
+    )
 
 
 def checkpoint_dir(folder: str | Path) -> Path | None:
@@ -342,19 +352,26 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
             f"{folder / TOKENIZER}: {tokenizer.vocab_size:,} tokens, more than the model's "
             f"vocab_size={config.vocab_size:,}"
         )
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device=device)
     sd = read_weights(folder)
     kind = model_type(folder)
     if kind is not None:  # an export in transformers' names (GPT-2 / Llama)
         sd = state_dict_from_hf(sd, config, kind)
-    load_weights_strict(model, sd, str(folder))
+    return model_with_weights(config, sd, str(folder), device), tokenizer
+
+
+def model_with_weights(
+    config: ModelConfig, sd: dict[str, torch.Tensor], source: str, device: str | torch.device
+) -> GPT:
+    """A GPT of ``config`` in eval mode holding exactly ``sd`` (strict: errors name ``source``)."""
+    with torch.device("meta"):  # no random init of weights about to be overwritten
+        model = GPT(config)
+    model.to_empty(device=device)
+    load_weights_strict(model, sd, source)
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     if model.rotary is not None:  # non-persistent buffers are not in the file: rebuild them
         model.rotary = Rotary(config.head_dim, config.block_size, config.rope_theta).to(device)
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def import_nanogpt(
 
     A non-empty ``out`` is refused unless ``overwrite``; then the new folder is swapped in whole.
     """
-    refuse_foreign(Path(out), "model folder", overwrite)  # before the slow part
+    sources = [p for p in (ckpt_path, meta) if p is not None]
+    refuse_foreign(Path(out), "model folder", overwrite, sources=sources)  # before the slow part
     saved = safe_torch_load(ckpt_path)
     if (
         not isinstance(saved, dict)
@@ -114,6 +115,6 @@ def import_nanogpt(
     check_fits(config, "cpu", what=str(ckpt_path))
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too
     load_weights_strict(model, sd, str(ckpt_path))
-    with replace_folder(out, "model folder", overwrite) as tmp:
+    with replace_folder(out, "model folder", overwrite, sources=sources) as tmp:
         write_model_folder(tmp, model, tokenizer)
     return model.eval(), tokenizer

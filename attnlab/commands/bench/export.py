@@ -45,10 +45,15 @@ def run(args: argparse.Namespace) -> int:
     asked_len = 1 if args.prompt_len is None else args.prompt_len  # 0 silently meant default
     if min(args.tokens, args.prompts, args.reps, asked_len) < 1:
         raise AttnlabError("--tokens, --prompts, --prompt-len and --reps must be at least 1")
+    model = export.bench_model(args.model, args.preset)
+    cfg = model.config
+    prompt_len = args.prompt_len or max(1, cfg.block_size // 4)
+    if prompt_len > cfg.block_size:
+        raise AttnlabError(
+            f"--prompt-len {prompt_len} is longer than the model's block_size {cfg.block_size}"
+        )
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-export-") as scratch:
-        model, folder = export.bench_model(args.model, args.preset, Path(scratch))
-        cfg = model.config
-        prompt_len = min(args.prompt_len or max(1, cfg.block_size // 4), cfg.block_size)
+        folder = export.onnx_folder(model, args.model, Path(scratch))
         rows = export.measure(
             model, folder, args.tokens, args.prompts, prompt_len, args.reps, not args.no_compile
         )
