@@ -364,7 +364,9 @@ def test_an_attnlab_home_that_is_a_file_is_named(attnlab, tmp_path: Path, monkey
 
 @pytest.mark.parametrize("command", ["prepare", "import-nanogpt"])
 def test_an_out_holding_the_commands_own_input_is_refused_even_with_overwrite(
-    attnlab, tmp_path: Path, command: str
+    attnlab,  # noqa: F811
+    tmp_path: Path,
+    command: str,
 ) -> None:
     """--overwrite replaced the folder whole, the input the command had just read with it."""
     out = tmp_path / "project"

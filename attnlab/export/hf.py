@@ -36,8 +36,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 # every file write_metadata may write
 METADATA_FILES = (
-    "config.json",
-    "tokenizer.json",
+    ckpt.CONFIG,
+    ckpt.TOKENIZER,
     GENERATION_CONFIG,
     TOKENIZER_CONFIG,
     SPECIAL_TOKENS_MAP,
@@ -166,7 +166,7 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
     ids = {f"{role[:-6]}_token_id": hf.token_to_id(tok) for role, tok in roles.items()}
     ids.pop("unk_token_id", None)
     data, kind = hf_config(config, ids)
-    (folder / "config.json").write_text(json.dumps(data, indent=2))
+    (folder / ckpt.CONFIG).write_text(json.dumps(data, indent=2))
     if kind is None:
         for name, text in remote_code().items():
             (folder / name).write_text(text)
@@ -176,7 +176,7 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
     (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
     if hf is None:
         return kind
-    hf.save(str(folder / "tokenizer.json"))
+    hf.save(str(folder / ckpt.TOKENIZER))
     added = {
         str(i): {
             "content": t.content,
