@@ -10,7 +10,7 @@ from test_mechanism_contract import assert_cache_exact, example
 
 from attnlab import GPT
 from attnlab.errors import AttnlabError
-from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next
+from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next, stream
 from attnlab.model.mechanisms import HOOKS
 
 # backbones; every mechanism, alone and all together, is in tests/test_mechanism_contract.py
@@ -135,3 +135,30 @@ def test_temperature_zero_is_greedy_and_sampling_is_seeded() -> None:
         .flatten()
         .tolist()
     ) == {1, 2}
+
+
+def test_decoding_turns_onednn_off_per_forward_and_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's exact GELU cost several times PyTorch's own kernel on a decoding step's few
+    values; stream turns oneDNN off around each forward only (the setting is global)."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    model = build()
+    seen = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.mkldnn.enabled)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", recording)
+    for _ in stream(model, torch.zeros(1, 2, dtype=torch.long), 3, temperature=0.0):
+        assert torch.backends.mkldnn.enabled  # the caller's code runs with it on
+    assert seen == [False, False, False]  # the prompt, then two cached steps
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(model, "forward", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        next(stream(model, torch.zeros(1, 2, dtype=torch.long), 3))
+    assert torch.backends.mkldnn.enabled

@@ -9,6 +9,7 @@ even in a compiled model: see ``compile_for_decoding``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 
@@ -82,6 +83,26 @@ def sample_next(
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
 
 
+@contextlib.contextmanager
+def native_cpu_kernels(device: torch.device) -> Iterator[None]:
+    """Run the block with oneDNN off on the CPU, so exact GELU takes PyTorch's own kernel.
+
+    oneDNN's eltwise GELU costs several times the native kernel on the few hundred values of a
+    decoding step (a primitive call per op), a large share of a small model's step; the native
+    kernel computes the same erf formula (results may differ in the last bit). Nothing else a
+    forward runs here goes through oneDNN in float32. The setting is global, so it is restored
+    before control returns to the caller.
+    """
+    if device.type != "cpu" or not torch.backends.mkldnn.enabled:
+        yield
+        return
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
 @torch.inference_mode()  # no autograd bookkeeping at all: cheaper per decoding step
 def stream(
     model: torch.nn.Module,
@@ -100,16 +121,19 @@ def stream(
     cache: KVCache | None = None
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
-        if use_cache and idx.size(1) <= block_size and cache is not None:
-            logits, _ = model(idx[:, -1:], cache=cache)  # the one step a compiled model compiles
-        else:
-            with torch.compiler.set_stance("force_eager"):
-                if use_cache and idx.size(1) <= block_size:
-                    cache = model.new_cache()
-                    logits, _ = model(idx, cache=cache)  # the prompt
-                else:
-                    cache = None
-                    logits, _ = model(idx[:, -block_size:])  # the whole (cropped) context
+        with native_cpu_kernels(idx.device):
+            if use_cache and idx.size(1) <= block_size and cache is not None:
+                logits, _ = model(
+                    idx[:, -1:], cache=cache
+                )  # the one step a compiled model compiles
+            else:
+                with torch.compiler.set_stance("force_eager"):
+                    if use_cache and idx.size(1) <= block_size:
+                        cache = model.new_cache()
+                        logits, _ = model(idx, cache=cache)  # the prompt
+                    else:
+                        cache = None
+                        logits, _ = model(idx[:, -block_size:])  # the whole (cropped) context
         nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], torch.full_like(nxt, eos_token_id), nxt)
