@@ -84,17 +84,34 @@ def silence_stdout() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed (torch raises RuntimeError on the CPU)."""
+    text = str(error)
+    return isinstance(error, MemoryError) or any(
+        s in text for s in ("can't allocate memory", "out of memory", "OutOfMemory")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         config_flags_as_overrides(parser, args, extra)
+    # the command as typed: "bench export", not "bench"
+    parts = (args.command, getattr(args, "benchmark", None), getattr(args, "analysis", None))
+    name = " ".join(str(n) for n in parts if n)
     try:
         return int(args.func(args) or 0)
     except AttnlabError as e:  # anything else is a bug: let its traceback show
         if args.debug:
             raise
-        print(f"attnlab {args.command}: error: {e}", file=sys.stderr)
+        print(f"attnlab {name}: error: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:  # sizes the user asked for, not a bug
+        if args.debug or not out_of_memory(e):
+            raise
+        first = (str(e).strip().splitlines() or ["MemoryError"])[0]
+        print(f"attnlab {name}: error: out of memory ({first}); ask for less", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

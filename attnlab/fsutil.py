@@ -57,16 +57,28 @@ def holds_only(folder: Path, names: Iterable[str]) -> bool:
     return all(p.name in allowed and p.is_file() and not p.is_symlink() for p in folder.iterdir())
 
 
+def _real_paths(source: Path) -> Iterator[Path]:
+    """Where ``source`` really is, and where every symlink under it points (a Hugging Face cache
+    folder is links into a blobs folder beside it)."""
+    yield Path(os.path.realpath(source))  # realpath: no error on a symlink loop
+    if source.is_dir():
+        for root, dirs, files in os.walk(source):  # does not follow links to folders
+            for name in dirs + files:
+                if os.path.islink(os.path.join(root, name)):
+                    yield Path(os.path.realpath(os.path.join(root, name)))
+
+
 def refuse_source_inside(out: Path, sources: Iterable[str | Path], flag: str = "--out") -> None:
-    """Refuse an ``out`` that is, or contains, a file or folder the command reads from: replacing
-    ``out`` would delete the command's own input, with --overwrite or without."""
-    target = Path(os.path.realpath(out.expanduser()))  # realpath: no error on a symlink loop
+    """Refuse an ``out`` that is, or contains, a file or folder the command reads from (or one
+    a symlink in it points to): replacing ``out`` would delete the command's own input, with
+    --overwrite or without."""
+    target = Path(os.path.realpath(out.expanduser()))
     for source in sources:
-        path = Path(os.path.realpath(Path(source).expanduser()))
-        if path == target or target in path.parents:
-            raise AttnlabError(
-                f"{flag} {out} would replace the source {source}; choose another {flag}"
-            )
+        for path in _real_paths(Path(source).expanduser()):
+            if path == target or target in path.parents:
+                raise AttnlabError(
+                    f"{flag} {out} would replace the source {source}; choose another {flag}"
+                )
 
 
 def refuse_foreign(
@@ -217,6 +229,10 @@ def replace_folder(
     """
     out = Path(out).expanduser()
     refuse_foreign(out, what, overwrite, is_own, flag, sources)
+    if out.is_symlink():  # the swap would replace the link, not the folder it points to
+        raise AttnlabError(
+            f"{out} is a symlink to {os.readlink(out)}; give that folder as {flag} instead"
+        )
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

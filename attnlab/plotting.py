@@ -7,10 +7,36 @@ axes, and legends placed where they hide no data (``legend_outside``).
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from attnlab.errors import AttnlabError
+
 SMOKE = "SMOKE TEST (--quick): tiny models, not a measurement"
+# the PNG text entry every figure carries, so that a later run knows the file is attnlab's
+MARK_KEY, MARK = "Software", "attnlab"
+
+
+def written_by_attnlab(path: Path) -> bool:
+    """Whether the PNG at ``path`` carries save_figure's mark (in a text chunk before the image)."""
+    with path.open("rb") as f:
+        return f"{MARK_KEY}\0{MARK}".encode() in f.read(4096)
+
+
+def check_figure_out(path: Path, flag: str = "--out") -> None:
+    """Refuse, before any work, a figure path that would replace a file attnlab did not write
+    or whose folder cannot be written (a file on the way, a read-only or pseudo file system)."""
+    if path.is_file() and not written_by_attnlab(path):
+        raise AttnlabError(
+            f"{path} exists and was not written by attnlab; choose another {flag} or remove it"
+        )
+    folder = next(p for p in [path.parent, *path.parent.parents] if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # the nearest existing folder takes a file
+            pass
+    except OSError as e:
+        raise AttnlabError(f"cannot write {path} ({e.strerror}); choose another {flag}") from None
 
 
 def pyplot() -> Any:
@@ -32,7 +58,7 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={MARK_KEY: MARK})
     pyplot().close(fig)
     return path
 

@@ -33,6 +33,11 @@ def attnlab(capsys: pytest.CaptureFixture):
     return run
 
 
+def command_name(argv: list[str]) -> str:
+    """How an error names the command: ``bench export``, ``analyze hull``, ``train``."""
+    return " ".join(argv[:2]) if argv[0] in ("bench", "analyze") else argv[0]
+
+
 def error_line(p: subprocess.CompletedProcess, command: str) -> str:
     """The one error line of a failed command, without its ``attnlab CMD: error:`` prefix."""
     assert p.returncode == 2, p.stdout + p.stderr
@@ -146,6 +151,15 @@ def test_bad_corpus(attnlab, tmp_path: Path, make):
     p = attnlab("prepare", "--corpus", str(path), "--out", str(tmp_path / "data"))
     assert error_line(p, "prepare") == expected.format(path=path)
     assert not (tmp_path / "data").exists()
+
+
+def test_a_prompt_of_undecodable_bytes(model_dir: Path):  # noqa: F811
+    """Bytes the terminal could not decode reach Python as lone surrogates: a traceback
+    (UnicodeEncodeError) in the tokenizer."""
+    p = run_cli("sample", str(model_dir), "--prompt", "ab\udced", "--max-new-tokens", "2")
+    assert error_line(p, "sample") == (
+        "the text holds '\\udced' at position 2, which is no character (undecodable bytes?)"
+    )
 
 
 def test_prompt_outside_the_char_vocabulary(model_dir: Path):  # noqa: F811
@@ -357,7 +371,7 @@ def test_a_device_this_machine_lacks_gets_one_line(
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     before = snapshot(tmp_path)
     args = DEVICE_COMMANDS[command](str(model_dir), str(tiny_data), str(tmp_path / "o"), device)
-    assert error_line(attnlab(*args), command) == DEVICES[device]
+    assert error_line(attnlab(*args), command_name(args)) == DEVICES[device]
     assert snapshot(tmp_path) == before
 
 
@@ -497,7 +511,7 @@ def test_model_and_data_must_share_a_tokenizer(
     wide_data: Path,
     command,
 ):
-    name = command[0]
+    name = command_name(command)
     p = attnlab(*command, str(model_dir), "--device", "cpu")
     assert error_line(p, name) == (
         f"{model_dir} is not a run folder, so its data is unknown: pass --data"
@@ -695,7 +709,7 @@ def test_a_seed_out_of_range_gets_one_line(
 
     before = snapshot(tmp_path)
     args = [a.format(data=tiny_data, out=tmp_path / "run", model=model_dir) for a in argv]
-    assert error_line(attnlab(*args), argv[0]) == f"{name}={value} {SEED}"
+    assert error_line(attnlab(*args), command_name(argv)) == f"{name}={value} {SEED}"
     assert snapshot(tmp_path) == before
 
 
@@ -715,7 +729,7 @@ def test_more_threads_than_cpus_gets_one_line(attnlab, model_dir: Path, tmp_path
     before = snapshot(tmp_path)
     args = [a.format(model=model_dir, out=tmp_path / "g.png") for a in argv]
     for threads in (BIG, str(os.cpu_count() + 1)):
-        assert error_line(attnlab(*args, "--threads", threads), argv[0]) == (
+        assert error_line(attnlab(*args, "--threads", threads), command_name(argv)) == (
             f"--threads {threads} is more than the {os.cpu_count()} CPUs here"
         )
     assert snapshot(tmp_path) == before
@@ -754,10 +768,12 @@ def test_per_position_refuses_an_out_it_did_not_write(
             "--device", "cpu", "--max-tokens", "100"]  # fmt: skip
     before = snapshot(tmp_path)
     for out, expected in cases:
-        assert error_line(attnlab(*argv, "--out", str(out)), "analyze") == expected
+        assert error_line(attnlab(*argv, "--out", str(out)), "analyze per-position") == expected
     for flags, got in ((["--top", "0"], "0 and 12"), (["--context", "-1"], "20 and -1")):
         p = attnlab(*argv, "--out", str(work / "pp.csv"), *flags)
-        assert error_line(p, "analyze") == f"--top must be >= 1 and --context >= 0, got {got}"
+        assert error_line(p, "analyze per-position") == (
+            f"--top must be >= 1 and --context >= 0, got {got}"
+        )
     assert snapshot(tmp_path) == before
     # its own files are replaced, and a context longer than the text is the whole text
     for _ in range(2):
@@ -802,7 +818,7 @@ def test_analysis_counts_out_of_range_get_one_line(
     before = snapshot(tmp_path)
     p = attnlab("analyze", argv[0], str(boosted_dir), "--data", str(tiny_data), "--sequences",
                 "1", *argv[1:], "--out", str(tmp_path / "out"))  # fmt: skip
-    assert error_line(p, "analyze") == expected
+    assert error_line(p, f"analyze {argv[0]}") == expected
     assert snapshot(tmp_path) == before
 
 
@@ -883,7 +899,7 @@ def test_an_out_of_the_wrong_kind_is_refused_before_the_work(
     before = snapshot(tmp_path)
     args = [a.format(model=model_dir, data=tiny_data) for a in argv]
     p = attnlab(*args, "--out", str(tmp_path / out))
-    assert error_line(p, argv[0]) == expected.format(out=tmp_path / out)
+    assert error_line(p, command_name(argv)) == expected.format(out=tmp_path / out)
     assert p.stdout == ""
     assert snapshot(tmp_path) == before
 
@@ -992,14 +1008,16 @@ def test_a_run_trained_on_relative_data_finds_it_from_another_folder(
 def test_bench_export_refuses_a_prompt_longer_than_the_block(attnlab):
     """It was clipped to the block quietly, after a slow export."""
     p = attnlab("bench", "export", "--prompt-len", "300", "--no-compile")
-    assert error_line(p, "bench") == "--prompt-len 300 is longer than the model's block_size 128"
+    assert error_line(p, "bench export") == (
+        "--prompt-len 300 is longer than the model's block_size 128"
+    )
     assert p.stdout == ""
 
 
 @pytest.mark.parametrize("length", ["0", "-3"])  # 0 ran with the default, -3 was a traceback
 def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path, length):
     p = attnlab("bench", "export", "--prompt-len", length, "--no-compile")
-    assert error_line(p, "bench") == (
+    assert error_line(p, "bench export") == (
         "--tokens, --prompts, --prompt-len and --reps must be at least 1"
     )
     assert p.stdout == ""
@@ -1017,7 +1035,7 @@ def test_bench_counts_below_their_least_get_one_line(attnlab, tmp_path: Path, ar
     before = snapshot(tmp_path)
     out = ["--out", str(tmp_path / "b.png")] if argv[0] != "train" else []
     p = attnlab("bench", *argv, *out)
-    assert error_line(p, "bench") == expected
+    assert error_line(p, f"bench {argv[0]}") == expected
     assert p.stdout == ""
     assert snapshot(tmp_path) == before
 

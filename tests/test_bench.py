@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,6 @@ def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def table_rows(out: str) -> dict[str, list[str]]:
     """First cell of each table line (cells are separated by two or more spaces) -> the other cells."""
-    import re
-
     rows = {}
     for line in out.splitlines():
         cells = re.split(r"\s{2,}", line.strip())
@@ -184,7 +183,7 @@ def test_bench_threads_applied_and_reported(
         == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["attnlab bench: error: --threads must be at least 1, got 0"]
+    assert err == ["attnlab bench generate: error: --threads must be at least 1, got 0"]
     assert sorted(tmp_path.iterdir()) == before
 
 
@@ -243,3 +242,46 @@ def test_bench_quick_keeps_the_sizes_given_beside_it(
     with pytest.raises(Measured):
         main(["bench", *argv, *out])
     assert seen == [expected] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["foreign-png", "file-in-path", "proc"])
+def test_bench_figure_out_is_checked_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """A PNG attnlab did not write was replaced; an unwritable --out failed with a traceback
+    after the whole benchmark had run."""
+    from test_folder_safety import snapshot
+
+    png = {
+        "foreign-png": tmp_path / "mine.png",
+        "file-in-path": tmp_path / "notes" / "g.png",
+        "proc": Path("/proc/attnlab-bench-test.png"),
+    }[case]
+    if case == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc")
+    if case == "foreign-png":
+        png.write_bytes(PNG_MAGIC + b"a figure for my paper")
+    if case == "file-in-path":
+        (tmp_path / "notes").write_text("my notes")
+    before = snapshot(tmp_path)
+    assert main(["bench", "generate", "--quick", "--out", str(png)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before measuring anything
+    assert len(err.strip().splitlines()) == 1
+    line = err.strip().removeprefix("attnlab bench generate: error: ")
+    if case == "foreign-png":
+        assert (
+            line
+            == f"{png} exists and was not written by attnlab; choose another --out or remove it"
+        )
+    else:  # the reason depends on the file system and the user
+        assert re.fullmatch(rf"cannot write {png} \([A-Z][\w ]+\); choose another --out", line)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_figure_attnlab_wrote_may_be_replaced(tmp_path: Path) -> None:
+    from attnlab.plotting import check_figure_out, pyplot, save_figure
+
+    png = tmp_path / "fig.png"
+    save_figure(pyplot().figure(), png)
+    check_figure_out(png)  # its mark says it is attnlab's: no error

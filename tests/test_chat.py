@@ -81,3 +81,14 @@ def test_chat_needs_chatml_tokens(tmp_path: Path) -> None:
     tok = Tokenizer.train_char(CHARS)
     save_checkpoint(tmp_path / "plain", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
     assert main(["chat", str(tmp_path / "plain")]) == 2
+
+
+def test_a_system_message_outside_the_vocabulary_is_refused_once(tmp_path: Path) -> None:
+    """Every turn printed the vocabulary error instead of a reply, and chat exited 0."""
+    tok = chat_tokenizer()
+    save_checkpoint(tmp_path / "model", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
+    proc = run_cli("chat", str(tmp_path / "model"), "--system", "\u65e5\u672c", input="hi\nhi\n")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "attnlab chat: error: --system: 2 character(s) not in the vocabulary: '\u65e5', '\u672c'"
+    ]

@@ -102,3 +102,41 @@ def test_sample_compiled_matches_eager(tmp_path: Path, train_tiny) -> None:
     compiled = run_cli("sample", str(tmp_path / "run"), *greedy, "--compile")
     assert compiled.returncode == 0, compiled.stderr
     assert compiled.stdout == eager.stdout and len(eager.stdout) > 40
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (
+            RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried"),
+            "out of memory ([enforce fail] DefaultCPUAllocator: can't allocate memory: you "
+            "tried); ask for less",
+        ),
+        (MemoryError(), "out of memory (MemoryError); ask for less"),
+    ],
+)
+def test_an_allocation_that_fails_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys, error: BaseException, expected: str
+) -> None:
+    """`bench export --prompts 100000000` ended in torch's allocator traceback."""
+    from attnlab.cli import main
+    from attnlab.commands.bench import export
+
+    def run(args):
+        raise error
+
+    monkeypatch.setattr(export, "run", run)
+    assert main(["bench", "export"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"attnlab bench export: error: {expected}"]
+
+
+def test_other_runtime_errors_still_show_their_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnlab.cli import main
+    from attnlab.commands import info
+
+    def run(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(info, "run", run)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["info", "x"])

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from test_bad_input import command_name, error_line
 
 from attnlab import from_pretrained
-from attnlab.bench import export as bench_export
 from attnlab.cli import main as cli_main
 from attnlab.errors import AttnlabError
 from attnlab.export import FILES, FORMATS, OnnxLM, export, load_onnx, parse_formats
@@ -317,8 +317,7 @@ def sessions(monkeypatch: pytest.MonkeyPatch) -> list:
             super().__init__(*args, **kwargs)
             made.append(self.session)
 
-    for module in (onnx_export, bench_export):
-        monkeypatch.setattr(module, "OnnxLM", Recorded)
+    monkeypatch.setattr(onnx_export, "OnnxLM", Recorded)  # load_onnx makes them all
     return made
 
 
@@ -393,6 +392,16 @@ def test_bench_export_table(exported: tuple[GPT, Path], capsys, sessions: list) 
     assert int8_vs_fp32 == pytest.approx(int8_vs_eager / fp32_vs_eager, abs=0.011)
 
 
+def test_bench_export_of_a_native_bias_free_model(tmp_path: Path, capsys) -> None:
+    """GPT-2's config.json says biases (zero ones), so the graph's recorded config reads
+    bias=True; bench export compared it with the in-memory model's bias=False and refused."""
+    save_checkpoint(tmp_path / "ckpt", make_model(), None)
+    args = ["bench", "export", "--model", str(tmp_path / "ckpt"), "--tokens", "2"]
+    assert cli_main([*args, "--prompts", "1", "--reps", "1", "--no-compile"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("onnx")]
+    assert len(rows) == 2 and rows[0].endswith("100%"), rows  # fp32: eager's tokens
+
+
 def test_export_cli_progress_and_errors(tmp_path: Path, capsys) -> None:
     save_checkpoint(tmp_path / "ckpt", make_model(), None)
     args = ["export", str(tmp_path / "ckpt"), "--formats", "safetensors,bin"]
@@ -420,7 +429,6 @@ def test_a_damaged_onnx_file_is_one_line(
 ) -> None:
     """onnxruntime's own exceptions (InvalidProtobuf...) reached the user as a traceback."""
     import onnxruntime
-    from test_bad_input import error_line
     from test_folder_safety import snapshot
 
     folder = tmp_path / "exported"
@@ -450,7 +458,6 @@ def test_an_onnxruntime_too_old_for_the_graph_is_named() -> None:
 
 def failed_line(capsys, status: int, command: str) -> str:
     """The one error line of an in-process CLI call that must have failed with status 2."""
-    from test_bad_input import error_line
 
     return error_line(subprocess.CompletedProcess([], status, "", capsys.readouterr().err), command)
 
@@ -536,7 +543,10 @@ def test_a_malformed_native_config_json_is_one_line(
         ["bench", "export", "--model", str(folder)],
     ):
         status = cli_main(command)
-        assert failed_line(capsys, status, command[0]) == f"{folder / 'config.json'}: {message}"
+        assert (
+            failed_line(capsys, status, command_name(command))
+            == f"{folder / 'config.json'}: {message}"
+        )
     assert snapshot(tmp_path) == before
 
 
@@ -649,7 +659,8 @@ def test_export_out_refuses_foreign_folder_and_swaps(
 
 
 @pytest.mark.parametrize(
-    "case", ["hf-folder", "extra-file", "subfolder", "source", "run-inside", "checkpoint", "proc"]
+    "case",
+    ["hf-folder", "extra-file", "subfolder", "source", "run-inside", "checkpoint", "proc", "link"],
 )
 def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, case: str) -> None:
     """Any folder whose config.json had n_layer counted as an export: a Hugging Face GPT-2
@@ -669,7 +680,11 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
         "run-inside": (tmp_path, ["--overwrite"]),
         "checkpoint": (run / "best", ["--overwrite"]),
         "proc": (Path("/proc/attnlab-export-test"), []),
+        # the swap replaced the link with a folder and left a hidden link behind for good
+        "link": (tmp_path / "link", []),
     }[case]
+    if case == "link":
+        out.symlink_to(earlier)
     if case == "hf-folder":
         shutil.copytree(earlier, out)  # GPT-2's own config.json: n_layer, no attnlab_version
         config = json.loads((out / "config.json").read_text())
@@ -687,6 +702,8 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
     if case in ("source", "run-inside", "checkpoint"):
         source = run / "best" if case == "checkpoint" else run
         expected = f"--out {out} would replace the source {source}; choose another --out"
+    elif case == "link":
+        expected = f"{out} is a symlink to {earlier}; give that folder as --out instead"
     elif case == "proc":  # the reason depends on the user (root: ENOENT, others: EACCES)
         line = failed_line(capsys, status, "export")
         assert re.fullmatch(rf"cannot write {out} \([A-Z][\w ]+\); choose another --out", line)

@@ -201,3 +201,54 @@ def test_import_hf_names_the_source_when_a_weight_is_missing(tmp_path: Path, cap
         "transformer.ln_f.bias"
     ]
     assert tree(tmp_path) == before
+
+
+def test_import_hf_refuses_an_out_holding_what_the_source_links_to(tmp_path: Path, capsys) -> None:
+    """Hugging Face's cache keeps a snapshot as symlinks into a blobs folder: --out blobs
+    --overwrite replaced the blobs, leaving the snapshot's links dangling."""
+    hf_model("gpt2").save_pretrained(tmp_path / "hf")
+    blobs, snapshot = tmp_path / "cache" / "blobs", tmp_path / "cache" / "snapshot"
+    blobs.mkdir(parents=True)
+    snapshot.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tmp_path / "hf" / name, blobs / f"blob-{name}")
+        (snapshot / name).symlink_to(f"../blobs/blob-{name}")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    assert cli_main(["import-hf", str(snapshot), "--out", str(blobs), "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnlab import-hf: error: --out {blobs} would replace the source {snapshot}; "
+        "choose another --out"
+    ]
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", ["tied-but-different", "tokenizer-too-large"])
+def test_import_hf_refuses_a_folder_that_contradicts_itself(
+    tmp_path: Path, capsys, case: str
+) -> None:
+    """A config that ties the output layer to the embedding while the file holds another
+    lm_head imported as a different model (attnlab tied them); a tokenizer with more tokens
+    than the model has ids imported, and every later command refused the folder."""
+    src = tmp_path / "hf"
+    if case == "tied-but-different":
+        hf_model("llama").save_pretrained(src)  # untied: lm_head differs from embed_tokens
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+        expected = (
+            f"{src}: the config ties the output layer to the embedding (tie_embeddings / "
+            "tie_word_embeddings), but its lm_head.weight differs from it"
+        )
+    else:
+        hf_model("gpt2", vocab_size=64).save_pretrained(src)
+        tokenizer = Tokenizer.train_byte_bpe("to be or not to be, that is the question\n" * 20, 300)
+        tokenizer.save(src / "tokenizer.json")
+        expected = (
+            f"{src / 'tokenizer.json'}: {tokenizer.vocab_size:,} tokens, more than the model's "
+            "vocab_size=64"
+        )
+    before = tree(tmp_path)
+    capsys.readouterr()
+    assert cli_main(["import-hf", str(src), "--out", str(tmp_path / "mine")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"attnlab import-hf: error: {expected}"]
+    assert tree(tmp_path) == before

@@ -234,3 +234,30 @@ def test_a_ckpt_path_that_is_no_file_gets_one_line(tmp_path: Path, make, expecte
         import_nanogpt(path, tmp_path / "out")
     assert str(err.value) == expected.format(path=path)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["missing-meta", "short-meta", "empty-ckpt"])
+def test_import_nanogpt_odd_inputs_get_one_line(tmp_path: Path, case: str) -> None:
+    """A missing meta.pkl and an empty ckpt.pt were tracebacks; a meta.pkl of another dataset
+    (fewer characters than the model's ids) imported, and sampling died mid-stream."""
+    ckpt = tmp_path / "ckpt.pt"
+    meta = tmp_path / "meta.pkl"
+    if case == "empty-ckpt":
+        ckpt.write_bytes(b"")
+        expected = f"{ckpt} is truncated or corrupted (EOFError: empty file?)"
+    else:
+        nanogpt_checkpoint(ckpt)
+        if case == "short-meta":
+            itos = dict(enumerate("abcdefghij"))
+            meta.write_bytes(pickle.dumps({"itos": itos, "stoi": {c: i for i, c in itos.items()}}))
+            expected = (
+                f"{meta} has 10 characters, the model {len(CHARS)} ids: not this checkpoint's "
+                "meta.pkl"
+            )
+        else:
+            expected = f"{meta}: No such file or directory"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(AttnlabError) as err:
+        import_nanogpt(ckpt, tmp_path / "out", meta=None if case == "empty-ckpt" else meta)
+    assert str(err.value) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

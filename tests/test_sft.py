@@ -249,3 +249,21 @@ def test_pretrain_sft_chat_sft_chain_on_shipped_data(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((tmp_path / "chat" / "sft_data" / "meta.json").read_text())
     assert meta["provenance"]["sft_source"] == str(SHIPPED["chat"])
+
+
+def test_sft_starts_from_a_native_gpt2_export(train_tiny, tmp_path: Path) -> None:
+    """SFT read an export's weights in GPT-2's names and layouts ("shape mismatches"), although
+    sample and eval accept the folder."""
+    from attnlab.export import export
+
+    pre, _ = train_tiny(tmp_path / "pre", max_iters=2, eval_interval=2, eval_iters=1)
+    export(tmp_path / "pre", tmp_path / "gpt2", ["safetensors"])
+    assert json.loads((tmp_path / "gpt2" / "config.json").read_text())["model_type"] == "gpt2"
+    data = tmp_path / "pairs.jsonl"
+    _write_pairs(data, pre.data.tokenizer)
+    over = ["max_iters=1", "eval_interval=1", "eval_iters=1", "batch_size=2", "warmup_iters=0"]
+    trainer = sft.start(tmp_path / "gpt2", tmp_path / "sft", data, overrides=over, quiet=True)
+    vocab = pre.model_config.vocab_size
+    for name, weight in pre.model.state_dict().items():
+        got = trainer.model.state_dict()[name]
+        assert torch.equal(got[:vocab] if "wte" in name or "lm_head" in name else got, weight)

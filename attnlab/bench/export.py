@@ -20,7 +20,7 @@ import torch
 from attnlab import from_pretrained
 from attnlab.bench.timing import interleaved, relative
 from attnlab.bench.train import bench_config
-from attnlab.export import FILES, OnnxLM, export_model
+from attnlab.export import FILES, export_model, load_onnx
 from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding
 
@@ -65,7 +65,8 @@ def measure(
         print("bench export: compiling a copy of the model for decoding", file=sys.stderr)
         backends["pytorch compiled"] = (compile_for_decoding(copy.deepcopy(model)), weights)
     for name, fmt in (("onnxruntime fp32", "onnx"), ("onnxruntime int8", "onnx-int8")):
-        backends[name] = (OnnxLM(folder / FILES[fmt], cfg, threads), folder / FILES[fmt])
+        graph = load_onnx(folder, int8=fmt == "onnx-int8", threads=threads)[0]
+        backends[name] = (graph, folder / FILES[fmt])
     outputs: dict[str, torch.Tensor] = {}
 
     def decode(name: str) -> None:

@@ -78,6 +78,11 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
     block = model.config.block_size
     max_new = max(1, min(args.max_new_tokens, block // 2))  # keep half the window for the history
     system = [{"role": "system", "content": args.system}] if args.system else []
+    if args.system:  # refused once, here, instead of in place of every reply
+        try:
+            tok.encode(args.system)
+        except AttnlabError as e:
+            raise AttnlabError(f"--system: {e}") from None
     history: list[dict[str, str]] = []
     gen = torch.Generator(device=device).manual_seed(args.seed)
     interactive = sys.stdin.isatty()

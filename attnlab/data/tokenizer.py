@@ -210,6 +210,15 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""
+        try:
+            return self._encode(text)
+        except UnicodeEncodeError as e:  # a lone surrogate: bytes a terminal could not decode
+            raise AttnlabError(
+                f"the text holds {text[e.start]!r} at position {e.start}, which is no character "
+                "(undecodable bytes?)"
+            ) from None
+
+    def _encode(self, text: str) -> list[int]:
         if self.kind != "char":
             return self.hf.encode(text, add_special_tokens=False).ids
         if self._special_re is None:

@@ -244,12 +244,11 @@ def import_hf(
     config = hf_map.config_from_hf(data, str(path))
     check_fits(config, "cpu", what=str(folder))
     sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind)
-    if config.tie_embeddings:
-        sd.pop("lm_head.weight", None)
     model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
     tokenizer = None
     if (folder / ckpt.TOKENIZER).is_file():
         tokenizer = attnlab_tokenizer(folder / ckpt.TOKENIZER)
+        ckpt.check_tokenizer_fits(tokenizer, config, folder / ckpt.TOKENIZER)
     out = Path(out).expanduser()
     with replace_folder(
         out, "model folder written by import-hf", overwrite, ckpt.is_model_folder, sources=[folder]

@@ -313,6 +313,10 @@ def load_onnx(
     ``threads``: onnxruntime's intra-op threads (None: its default, one per physical core)."""
     folder = Path(path).expanduser()
     file = folder / (INT8_FILE if int8 else ONNX_FILE)
+    if not folder.is_dir():
+        raise AttnlabError(
+            f"{folder} does not exist" if not folder.exists() else f"{folder} is not a folder"
+        )
     if not file.is_file():
         raise AttnlabError(
             f"{folder} has no {file.name}; run `attnlab export {folder} --out DIR` first"

@@ -270,7 +270,8 @@ def safe_torch_load(path: str | Path) -> Any:
     except IsADirectoryError:
         raise AttnlabError(f"{path} is a folder, not a weights file") from None
     except (RuntimeError, EOFError, OSError) as e:
-        raise AttnlabError(f"{path} is truncated or corrupted ({str(e).splitlines()[0]})") from None
+        reason = (str(e).strip().splitlines() or [f"{type(e).__name__}: empty file?"])[0]
+        raise AttnlabError(f"{path} is truncated or corrupted ({reason})") from None
     except (
         KeyError,
         IndexError,
@@ -285,10 +286,16 @@ def safe_torch_load(path: str | Path) -> Any:
 def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
     """load_state_dict listing every missing and unexpected key in one error."""
     expected = model.state_dict()
+    sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in sd.items()}
     if getattr(model.config, "tie_embeddings", False):
         expected.pop("lm_head.weight", None)
-        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
-    sd = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in sd.items()}
+        head, wte = sd.pop("lm_head.weight", None), sd.get("transformer.wte.weight")
+        if head is not None and wte is not None and not torch.equal(head, wte):
+            # tying would silently replace the file's output layer with its embedding
+            raise AttnlabError(
+                f"{source}: the config ties the output layer to the embedding "
+                "(tie_embeddings / tie_word_embeddings), but its lm_head.weight differs from it"
+            )
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
     shapes = [
@@ -298,12 +305,22 @@ def load_weights_strict(model: torch.nn.Module, sd: dict[str, torch.Tensor], sou
     ]
     if missing or unexpected or shapes:
         parts = [
-            f"missing keys: {', '.join(missing)}" if missing else "",
-            f"unexpected keys: {', '.join(unexpected)}" if unexpected else "",
-            f"shape mismatches: {'; '.join(shapes)}" if shapes else "",
+            f"{what}: {_first(items, sep)}"
+            for what, items, sep in (
+                ("missing keys", missing, ", "),
+                ("unexpected keys", unexpected, ", "),
+                ("shape mismatches", shapes, "; "),
+            )
+            if items
         ]
-        raise AttnlabError(f"{source} does not fit the model: " + "; ".join(p for p in parts if p))
+        raise AttnlabError(f"{source} does not fit the model: " + "; ".join(parts))
     model.load_state_dict(sd, strict=False)
+
+
+def _first(items: list[str], sep: str, n: int = 5) -> str:
+    """The first ``n`` items (a wrong model lists hundreds of keys; one line stays readable)."""
+    more = f"{sep}and {len(items) - n} more" if len(items) > n else ""
+    return sep.join(items[:n]) + more
 
 
 def model_type(folder: Path) -> str | None:
@@ -347,16 +364,25 @@ def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
     config = read_model_config(folder)
     check_fits(config, torch.device(device), what=str(folder))
     tokenizer = Tokenizer.load(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise AttnlabError(
-            f"{folder / TOKENIZER}: {tokenizer.vocab_size:,} tokens, more than the model's "
-            f"vocab_size={config.vocab_size:,}"
-        )
+    check_tokenizer_fits(tokenizer, config, folder / TOKENIZER)
+    model = model_with_weights(config, read_model_weights(folder, config), str(folder), device)
+    return model, tokenizer
+
+
+def read_model_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The folder's weights in attnlab's names (an export in GPT-2's or Llama's converted)."""
     sd = read_weights(folder)
     kind = model_type(folder)
-    if kind is not None:  # an export in transformers' names (GPT-2 / Llama)
-        sd = state_dict_from_hf(sd, config, kind)
-    return model_with_weights(config, sd, str(folder), device), tokenizer
+    return sd if kind is None else state_dict_from_hf(sd, config, kind)
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer | None, config: ModelConfig, path: Path) -> None:
+    """Refuse a tokenizer with ids the model has no embedding for."""
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise AttnlabError(
+            f"{path}: {tokenizer.vocab_size:,} tokens, more than the model's "
+            f"vocab_size={config.vocab_size:,}"
+        )
 
 
 def model_with_weights(

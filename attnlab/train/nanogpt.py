@@ -41,7 +41,11 @@ class MetaUnpickler(pickle.Unpickler):
 def read_meta(path: str | Path):
     """A char Tokenizer from nanoGPT's meta.pkl (``vocab_size``, ``itos``, ``stoi``)."""
     try:
-        meta = MetaUnpickler(io.BytesIO(Path(path).read_bytes())).load()
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise AttnlabError(f"{path}: {e.strerror}") from None
+    try:
+        meta = MetaUnpickler(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         raise AttnlabError(f"{path} refused: not a plain char meta.pkl ({e})") from None
     itos = meta.get("itos") if isinstance(meta, dict) else None
@@ -108,9 +112,12 @@ def import_nanogpt(
     except (AttnlabError, ValueError) as e:
         raise AttnlabError(f"{ckpt_path}: model_args: {e}") from None
     tokenizer = read_meta(meta) if meta is not None else None
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+    # nanoGPT sizes a char model's vocabulary from its meta.pkl: any other count is another
+    # dataset's (fewer characters: the model samples ids no character stands for)
+    if tokenizer is not None and tokenizer.vocab_size != config.vocab_size:
         raise AttnlabError(
-            f"{meta} has {tokenizer.vocab_size} characters, the model only {config.vocab_size} ids"
+            f"{meta} has {tokenizer.vocab_size} characters, the model {config.vocab_size} ids: "
+            "not this checkpoint's meta.pkl"
         )
     check_fits(config, "cpu", what=str(ckpt_path))
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too

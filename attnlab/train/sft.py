@@ -237,7 +237,7 @@ def start(
     records = load_jsonl(data_path)
     _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
     weights = resize_embeddings(
-        ckpt.read_weights(folder), model_config.vocab_size, train_config.seed
+        ckpt.read_model_weights(folder, base), model_config.vocab_size, train_config.seed
     )
     return Trainer.start(
         run.path,

@@ -14,6 +14,7 @@ from pathlib import Path
 from attnlab.cli import register_all
 from attnlab.commands._common import apply_threads
 from attnlab.errors import AttnlabError
+from attnlab.plotting import check_figure_out
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,7 +89,9 @@ def figure_path(out: str | None, name: str, quick: bool) -> str:
     .png path (matplotlib wrote a folder's figure beside it as FOLDER.png) is refused."""
     if out and (Path(out).suffix.lower() != ".png" or Path(out).is_dir()):
         raise AttnlabError(f"--out {out} must name a .png file to write")
-    return out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
+    path = out or f"runs/bench/{name}{'-quick' if quick else ''}.png"
+    check_figure_out(Path(path).expanduser())
+    return path
 
 
 def out_help(name: str) -> str:
