@@ -228,6 +228,8 @@ def replace_folder(
     was; a full disk becomes one AttnlabError saying so.
     """
     out = Path(out).expanduser()
+    if out.name in ("", ".."):  # "", "." or "..": a swap renames the folder, not the working one
+        raise AttnlabError(f"{flag} {str(out)!r} must name a folder, not the current or parent one")
     refuse_foreign(out, what, overwrite, is_own, flag, sources)
     if out.is_symlink():  # the swap would replace the link, not the folder it points to
         raise AttnlabError(

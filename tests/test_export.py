@@ -660,7 +660,17 @@ def test_export_out_refuses_foreign_folder_and_swaps(
 
 @pytest.mark.parametrize(
     "case",
-    ["hf-folder", "extra-file", "subfolder", "source", "run-inside", "checkpoint", "proc", "link"],
+    [
+        "hf-folder",
+        "extra-file",
+        "subfolder",
+        "source",
+        "run-inside",
+        "checkpoint",
+        "proc",
+        "link",
+        "empty",
+    ],
 )
 def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, case: str) -> None:
     """Any folder whose config.json had n_layer counted as an export: a Hugging Face GPT-2
@@ -682,6 +692,7 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
         "proc": (Path("/proc/attnlab-export-test"), []),
         # the swap replaced the link with a folder and left a hidden link behind for good
         "link": (tmp_path / "link", []),
+        "empty": (Path(""), []),  # said "--out . would replace the source"
     }[case]
     if case == "link":
         out.symlink_to(earlier)
@@ -702,6 +713,8 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
     if case in ("source", "run-inside", "checkpoint"):
         source = run / "best" if case == "checkpoint" else run
         expected = f"--out {out} would replace the source {source}; choose another --out"
+    elif case == "empty":
+        expected = "--out '.' must name a folder, not the current or parent one"
     elif case == "link":
         expected = f"{out} is a symlink to {earlier}; give that folder as --out instead"
     elif case == "proc":  # the reason depends on the user (root: ENOENT, others: EACCES)
