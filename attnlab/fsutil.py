@@ -28,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,20 @@ def check_out_path(out: Path, flag: str = "--out") -> bool:
     if not out.is_dir():
         raise AttnlabError(f"{out} exists and is not a folder; choose another {flag}")
     return any(out.iterdir())
+
+
+def check_writable(path: Path, flag: str = "--out") -> None:
+    """Refuse, before any work, a path whose folder cannot be written (a file on the way, a
+    read-only or pseudo file system such as /proc): the nearest existing folder must take a file
+    (a nameless temporary one, gone at once)."""
+    folder = next(p for p in [path, *path.parents] if p.exists())
+    try:
+        if not folder.is_dir():  # a file where a folder has to be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise AttnlabError(f"cannot write {path} ({e.strerror}); choose another {flag}") from None
 
 
 def holds_only(folder: Path, names: Iterable[str]) -> bool:

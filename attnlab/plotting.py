@@ -7,11 +7,11 @@ axes, and legends placed where they hide no data (``legend_outside``).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_writable
 
 SMOKE = "SMOKE TEST (--quick): tiny models, not a measurement"
 # the PNG text entry every figure carries, so that a later run knows the file is attnlab's
@@ -31,12 +31,7 @@ def check_figure_out(path: Path, flag: str = "--out") -> None:
         raise AttnlabError(
             f"{path} exists and was not written by attnlab; choose another {flag} or remove it"
         )
-    folder = next(p for p in [path.parent, *path.parent.parents] if p.exists())
-    try:
-        with tempfile.TemporaryFile(dir=folder):  # the nearest existing folder takes a file
-            pass
-    except OSError as e:
-        raise AttnlabError(f"cannot write {path} ({e.strerror}); choose another {flag}") from None
+    check_writable(path.parent, flag)
 
 
 def pyplot() -> Any:

@@ -52,9 +52,12 @@ SFT_FILE = "sft.json"
 class RunLock:
     """An exclusive lock on a run folder, held until ``release`` (or the process ends)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, record_pid: bool = True) -> None:
+        """``record_pid=False`` holds the lock without writing to the file (a run about to be
+        replaced, which must stay as it was should its replacement fail)."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
+        self.record_pid = record_pid
         self.file: IO[str] | None = None
 
     @property
@@ -78,10 +81,11 @@ class RunLock:
                 f"{self.run_dir} is in use by another trainer (PID {holder}); "
                 "wait for it to finish or stop it, or choose another folder"
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        if self.record_pid:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
         self.file = f
 
     def release(self) -> None:

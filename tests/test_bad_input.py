@@ -7,6 +7,7 @@ start-up); a few go end to end through ``python -m attnlab`` (run_cli).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -1098,3 +1099,42 @@ def test_study_variants_that_name_none_are_refused(attnlab, tmp_path: Path):
     p = attnlab("study", str(spec), "--variants", ",", "--out", str(tmp_path / "out"))
     assert error_line(p, "study") == "--variants names none; choose from a"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", ["max-iters-below", "metrics-not-text"])
+def test_a_resume_that_would_contradict_the_run_is_refused(
+    attnlab, tiny_data: Path, tmp_path: Path, damage: str
+):
+    """max_iters below the iterations run rewrote config.json to say fewer than were run
+    (exit 0); a damaged metrics.csv was a UnicodeDecodeError after config.json was rewritten."""
+    from test_folder_safety import snapshot
+
+    run = tmp_path / "run"
+    p = attnlab("train", "--data", str(tiny_data), "--out", str(run), *TINY, "max_iters=4")
+    assert p.returncode == 0, p.stderr
+    if damage == "metrics-not-text":
+        (run / "metrics.csv").write_bytes(b"garbage\x00\xff\n")
+        expected = re.compile(
+            rf"{re.escape(str(run / 'metrics.csv'))} is not a metrics table \(.+\); repair or "
+            "remove it to resume"
+        )
+        extra = ["max_iters=6"]
+    else:
+        expected = re.compile(
+            re.escape(f"cannot resume {run} with max_iters=2: it has run 4 iterations already")
+        )
+        extra = ["max_iters=2"]
+    before = snapshot(tmp_path)
+    p = attnlab("train", "--resume", str(run), *extra)
+    assert expected.fullmatch(error_line(p, "train")), p.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_train_out_that_cannot_be_written_is_one_line(attnlab, tmp_path: Path):
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc")
+    p = attnlab("train", "--out", "/proc/attnlab-train-test", *TINY)
+    assert re.fullmatch(
+        r"cannot write /proc/attnlab-train-test \([A-Z][\w ]+\); choose another --out",
+        error_line(p, "train"),
+    )

@@ -380,3 +380,77 @@ def test_an_out_holding_the_commands_own_input_is_refused_even_with_overwrite(
         f"--out {out} would replace the source {source}; choose another --out"
     )
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", ["out-is-data", "out-holds-data", "out-holds-config"])
+def test_train_overwrite_never_deletes_its_own_inputs(
+    attnlab,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """`train --data D --out D --overwrite` replaced the prepared data with the run (and a
+    parent of --data or of --config went with everything in it)."""
+    import shutil
+
+    from test_bad_input import TINY
+
+    work = tmp_path / "work"
+    data = work / "data"
+    shutil.copytree(tiny_data, data)
+    config = work / "cfg" / "run.toml"
+    config.parent.mkdir()
+    config.write_text("[train]\nmax_iters = 2\n")
+    out, source = {
+        "out-is-data": (data, data),
+        "out-holds-data": (work, data),
+        "out-holds-config": (config.parent, config),
+    }[case]
+    before = snapshot(tmp_path)
+    p = attnlab("train", "--data", str(data), "--config", str(config), "--out", str(out),
+                "--overwrite", *TINY)  # fmt: skip
+    assert error_line(p, "train") == (
+        f"--out {out} would replace the source {source}; choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_train_overwrite_refuses_a_run_another_trainer_holds(
+    attnlab,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+) -> None:
+    """--overwrite swapped a folder away under a running trainer: the two runs' files mixed."""
+    from test_bad_input import TINY
+
+    from attnlab.rundir import RunLock
+
+    run = tmp_path / "run"
+    assert attnlab("train", "--data", str(tiny_data), "--out", str(run), *TINY).returncode == 0
+    with RunLock(run):  # as a trainer resuming it would hold it
+        before = snapshot(tmp_path)
+        p = attnlab("train", "--data", str(tiny_data), "--out", str(run), "--overwrite", *TINY)
+        assert error_line(p, "train") == (
+            f"{run} is in use by another trainer (PID {os.getpid()}); wait for it to finish or "
+            "stop it, or choose another folder"
+        )
+        assert snapshot(tmp_path) == before
+
+
+def test_demo_overwrite_never_deletes_the_data_it_trains_on(
+    attnlab,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnlab.data.prepare import default_data_dir
+
+    monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path / "home"))
+    data = default_data_dir("char")
+    data.mkdir(parents=True)
+    (data / "meta.json").write_text("{}")
+    before = snapshot(tmp_path)
+    p = attnlab("demo", "--out", str(data.parent), "--overwrite")
+    assert error_line(p, "demo") == (
+        f"--out {data.parent} would replace the source {data}; choose another --out"
+    )
+    assert snapshot(tmp_path) == before

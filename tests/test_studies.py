@@ -366,3 +366,33 @@ def test_only_the_output_module_names_the_study_files() -> None:
         if any(s == n or s.endswith("/" + n) for n in names)
     }
     assert spelled == {str(owner.relative_to(ROOT))}
+
+
+@pytest.mark.parametrize("case", ["foreign", "file", "proc"])
+def test_a_study_out_that_is_not_a_study_folder_is_refused(tmp_path: Path, case: str) -> None:
+    """A folder of the user's with a report.md and results.csv had both overwritten; an
+    unwritable --out was a traceback."""
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    out = {"foreign": tmp_path / "mine", "file": tmp_path / "notes.txt", "proc": None}[case]
+    if case == "proc":
+        if not Path("/proc/self").is_dir():
+            pytest.skip("needs Linux's /proc")
+        out = Path("/proc/attnlab-study-test")
+    elif case == "foreign":
+        out.mkdir()
+        (out / "report.md").write_text("my report")
+        (out / "results.csv").write_text("a,b\n1,2\n")
+    else:
+        out.write_text("my notes")
+    before = snapshot(tmp_path)
+    p = run_cli("study", "kv-bias", "--preset", "ci", "--out", str(out))
+    line = error_line(p, "study")
+    if case == "foreign":
+        assert line == f"{out} is not empty and is not a study folder; choose another --out"
+    elif case == "file":
+        assert line == f"{out} exists and is not a folder; choose another --out"
+    else:
+        assert re.fullmatch(rf"cannot write {out} \([A-Z][\w ]+\); choose another --out", line)
+    assert snapshot(tmp_path) == before

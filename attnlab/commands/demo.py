@@ -52,14 +52,15 @@ def is_demo_run(folder: Path) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.train.spec import resolve
+    from attnlab.train.spec import data_folder, resolve
 
     out = Path(args.out).expanduser()
     overrides = [f"{k}={v}" for k, v in DEMO_OVERRIDES.items()] + list(args.overrides)
     spec = resolve(args.preset, overrides=overrides)  # every argument is checked before any write
     started = time.perf_counter()
     # trained beside --out and swapped in at the end: a failed demo leaves the previous one
-    with replace_folder(out, "demo run", args.overwrite, is_demo_run) as tmp:
+    sources = [data_folder(spec)]  # --overwrite never deletes the data it trains on
+    with replace_folder(out, "demo run", args.overwrite, is_demo_run, sources=sources) as tmp:
         train_and_sample(tmp, spec, args.preset, started)  # a trainer starts in an empty folder
         (tmp / DEMO_MARKER).write_text("written by `attnlab demo`, which may replace this folder\n")
     print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")

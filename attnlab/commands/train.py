@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from attnlab.config import split_overrides
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import refuse_foreign, replace_folder
+from attnlab.fsutil import check_writable, refuse_foreign, refuse_source_inside, replace_folder
 from attnlab.presets import get_preset
-from attnlab.rundir import RunDir, is_run_folder, run_data_dir
+from attnlab.rundir import LOCK_FILE, RunDir, RunLock, is_run_folder, run_data_dir
 
 if TYPE_CHECKING:
     from attnlab.train.spec import RunSpec
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.train.spec import resolve
+    from attnlab.train.spec import data_folder, resolve
     from attnlab.train.trainer import Trainer
 
     if args.resume and args.overwrite:
@@ -73,13 +74,24 @@ def run(args: argparse.Namespace) -> int:
         if not args.out:
             raise AttnlabError("--out RUN is required (or --resume RUN)")
         out = Path(args.out).expanduser()
+        inputs = [p for p in (args.data, args.config) if p]  # --overwrite never deletes them
         # a run folder killed before its first checkpoint may be started again
-        replace = refuse_foreign(out, "run folder", args.overwrite, is_run_folder)
+        replace = refuse_foreign(out, "run folder", args.overwrite, is_run_folder, sources=inputs)
+        check_writable(out)
         spec = resolve(args.preset, args.config, args.overrides, args.data)
         if args.overwrite and replace:
             if os.environ.get("WORLD_SIZE", "1") != "1":
                 raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
-            with replace_folder(out, "run folder", overwrite=True) as tmp:
+            inputs.append(data_folder(spec))
+            refuse_source_inside(out, inputs)
+            # the old run's lock, held (its file unchanged) until the swap: a trainer still
+            # writing there is refused, not swapped away
+            lock = (
+                RunLock(out, record_pid=False)
+                if (out / LOCK_FILE).is_file()
+                else contextlib.nullcontext()
+            )
+            with lock, replace_folder(out, "run folder", overwrite=True) as tmp:
                 trainer = new_trainer(tmp, spec)
                 trainer.after_interrupt = (
                     f"the new run is discarded and {out} is unchanged (--overwrite replaces it "

@@ -20,7 +20,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnlab.fsutil import write_json
+from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_out_path, write_json
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -28,6 +29,7 @@ STUDY_JSON = "study.json"
 REPORT = "report.md"
 FIGURES = "figures"
 RUNS = "runs"
+MARKER = ".attnlab-study"  # written first: an interrupted study's folder is still its own
 # the columns of results.csv and the keys of each run in results.json
 RUN_FIELDS = (
     "variant",
@@ -51,7 +53,20 @@ class StudyDir:
         self.path = Path(path)
 
     def create(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Make the folder (and mark it as a study's); a non-empty folder must be a study's
+        already: a user's report.md or results.csv there were overwritten."""
+        full = check_out_path(self.path)
+        if full and not any((self.path / name).is_file() for name in (STUDY_JSON, MARKER)):
+            raise AttnlabError(
+                f"{self.path} is not empty and is not a study folder; choose another --out"
+            )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / MARKER).touch()
+        except OSError as e:  # a read-only or pseudo file system (/proc), a permission
+            raise AttnlabError(
+                f"cannot write {self.path} ({e.strerror}); choose another --out"
+            ) from None
 
     @property
     def report(self) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
@@ -21,6 +22,17 @@ METRIC_COLUMNS = [
 ]
 
 
+def read_rows(path: Path) -> list[list[str]]:
+    """metrics.csv's rows; a file that is not UTF-8 text (a damaged one) is one error line."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise AttnlabError(
+            f"{path} is not a metrics table ({e}); repair or remove it to resume"
+        ) from None
+
+
 class MetricsLog:
     """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
 
@@ -31,8 +43,8 @@ class MetricsLog:
             dict[str, Any]
         ] = []  # rows before the first training row fixes the columns
         if self.path.is_file():
-            with self.path.open() as f:
-                self.columns = next(csv.reader(f), None)
+            rows = read_rows(self.path)
+            self.columns = rows[0] if rows else None
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -43,8 +55,7 @@ class MetricsLog:
         """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
         if not self.path.is_file():
             return
-        with self.path.open() as f:
-            rows = list(csv.reader(f))
+        rows = read_rows(self.path)
         if not rows:
             return
         kept = [rows[0]]

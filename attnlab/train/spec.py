@@ -107,6 +107,12 @@ def resolve(
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
 
 
+def data_folder(spec: RunSpec) -> Path:
+    """The folder a run of ``spec`` reads its data from (the embedded char corpus is prepared
+    into its default folder)."""
+    return spec.data_dir or default_data_dir("char")
+
+
 def configs(preset_name: str, pairs: list[str]) -> tuple[ModelConfig, TrainConfig, dict[str, Any]]:
     """The preset's configs with the `key=value` ``pairs`` applied and validated, and the model
     fields the pairs set."""

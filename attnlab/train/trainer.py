@@ -38,7 +38,7 @@ from attnlab.rundir import BEST, LATEST, RunConfig, RunDir
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 from attnlab.train.environment import environment
-from attnlab.train.metrics import MetricsLog
+from attnlab.train.metrics import MetricsLog, read_rows
 
 
 def _count(n: float) -> str:
@@ -265,6 +265,13 @@ class Trainer:
             raise AttnlabError(
                 f"{folder / ckpt.TRAINER_STATE} does not fit this run ({reason})"
             ) from None
+        if self.state.iter > self.cfg.max_iters:  # config.json would say fewer than were run
+            raise AttnlabError(
+                f"cannot resume {self.run_dir} with max_iters={self.cfg.max_iters}: it has run "
+                f"{self.state.iter} iterations already"
+            )
+        if self.run_folder.metrics.is_file():  # a damaged log is refused before anything changes
+            read_rows(self.run_folder.metrics)
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.cli import register_all
-from attnlab.fsutil import check_out_path
+from attnlab.fsutil import check_out_path, check_writable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,4 +43,5 @@ def out_dir(args: Any) -> Path:
     if not args.out:
         return Path(args.run) / "analysis"
     check_out_path(Path(args.out))
+    check_writable(Path(args.out))
     return Path(args.out)
