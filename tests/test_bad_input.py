@@ -1138,3 +1138,24 @@ def test_train_out_that_cannot_be_written_is_one_line(attnlab, tmp_path: Path):
         r"cannot write /proc/attnlab-train-test \([A-Z][\w ]+\); choose another --out",
         error_line(p, "train"),
     )
+
+
+def test_analysis_out_holding_a_users_files_is_refused(
+    attnlab, boosted_dir: Path, tiny_data: Path, tmp_path: Path
+):
+    """A user's gates.csv in --out was replaced without a word."""
+    from test_folder_safety import snapshot
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "gates.csv").write_text("my,own\n1,2\n")
+    before = snapshot(tmp_path)
+    args = ["analyze", "gates", str(boosted_dir), "--data", str(tiny_data), "--sequences", "1"]
+    p = attnlab(*args, "--out", str(out))
+    assert error_line(p, "analyze gates") == (
+        f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+    # its own output folder is written again
+    assert attnlab(*args, "--out", str(tmp_path / "ours")).returncode == 0
+    assert attnlab(*args, "--out", str(tmp_path / "ours")).returncode == 0

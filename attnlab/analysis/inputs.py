@@ -109,9 +109,20 @@ def evenly_spaced(length: int, count: int) -> list[int]:
     return sorted({round(float(p)) for p in np.linspace(0, length - 1, min(count, length))})
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows of one shape to CSV (columns in the first row's order; no rows: an empty file)."""
+# the file that marks a folder as analyses' output, which later analyses may write into again
+ANALYSIS_MARK = ".attnlab-analysis"
+
+
+def is_analysis_folder(folder: Path) -> bool:
+    return (folder / ANALYSIS_MARK).is_file()
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], mark: bool = True) -> Path:
+    """Rows of one shape to CSV (columns in the first row's order; no rows: an empty file);
+    ``mark`` marks the folder as an analysis folder (see ANALYSIS_MARK)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if mark:
+        (path.parent / ANALYSIS_MARK).touch()
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
         if rows:

@@ -296,8 +296,8 @@ def write_tables(
     figure of the groupings as ``out`` with .png: (top rows, groupings, paths written)."""
     check_out(out)
     rows, groups = top_positions(cmp, top, context), groupings(cmp)
-    written = [write_csv(out, rows)]
+    written = [write_csv(out, rows, mark=False)]  # a file the user named, in their folder
     for name, group in groups.items():
-        written.append(write_csv(out.with_name(f"{out.stem}_{name}.csv"), group))
+        written.append(write_csv(out.with_name(f"{out.stem}_{name}.csv"), group, mark=False))
     plot(groups, out.with_suffix(".png"), *runs)
     return rows, groups, [*written, out.with_suffix(".png")]

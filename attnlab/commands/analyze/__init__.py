@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.cli import register_all
+from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable
 
 
@@ -42,6 +43,12 @@ def out_dir(args: Any) -> Path:
     analysis runs, so that a file there is refused at once."""
     if not args.out:
         return Path(args.run) / "analysis"
-    check_out_path(Path(args.out))
-    check_writable(Path(args.out))
-    return Path(args.out)
+    from attnlab.analysis.inputs import is_analysis_folder  # torch: not for --help
+
+    out = Path(args.out)
+    if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's
+        raise AttnlabError(
+            f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
+        )
+    check_writable(out)
+    return out
