@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if args.overwrite and replace:
             if os.environ.get("WORLD_SIZE", "1") != "1":
                 raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
-            inputs.append(data_folder(spec))
-            refuse_source_inside(out, inputs)
+            refuse_source_inside(out, [data_folder(spec)])  # --data and --config: checked above
             # the old run's lock, held (its file unchanged) until the swap: a trainer still
             # writing there is refused, not swapped away
             lock = (

@@ -123,9 +123,8 @@ def stream(
     for _ in range(max_new_tokens):
         with native_cpu_kernels(idx.device):
             if use_cache and idx.size(1) <= block_size and cache is not None:
-                logits, _ = model(
-                    idx[:, -1:], cache=cache
-                )  # the one step a compiled model compiles
+                # the one step a compiled model compiles
+                logits, _ = model(idx[:, -1:], cache=cache)
             else:
                 with torch.compiler.set_stance("force_eager"):
                     if use_cache and idx.size(1) <= block_size:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_out_path, write_json
+from attnlab.fsutil import check_out_path, check_writable, write_json
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -60,13 +60,9 @@ class StudyDir:
             raise AttnlabError(
                 f"{self.path} is not empty and is not a study folder; choose another --out"
             )
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / MARKER).touch()
-        except OSError as e:  # a read-only or pseudo file system (/proc), a permission
-            raise AttnlabError(
-                f"cannot write {self.path} ({e.strerror}); choose another --out"
-            ) from None
+        check_writable(self.path)  # a read-only or pseudo file system (/proc), a permission
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / MARKER).touch()
 
     @property
     def report(self) -> Path:
