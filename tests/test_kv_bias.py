@@ -89,8 +89,9 @@ def test_detached_differs_only_in_gradients() -> None:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_inference_skips_block0_kv_matmul_only_without_bias(bias: bool) -> None:
-    """Without autograd, block 0's W_kvm(0) = 0 is not computed; the logits are bit-identical."""
+def test_inference_skips_block0_kv_matmul(bias: bool) -> None:
+    """Without autograd, block 0's W_kvm(0) (zero, or the bias) is not computed; the logits are
+    bit-identical."""
     model = seeded(tiny_model(use_m_gate=True, bias=bias)).eval()
     idx = torch.randint(0, model.config.vocab_size, (2, 9))
     calls = []
@@ -99,7 +100,7 @@ def test_inference_skips_block0_kv_matmul_only_without_bias(bias: bool) -> None:
     assert calls == [1]  # training keeps the matmul: AdamW decays its zero gradient
     with torch.inference_mode():
         without, _ = model(idx, all_logits=True)
-    assert calls == ([1, 1] if bias else [1])  # with a bias, W_kvm(0) is the bias: still added
+    assert calls == [1]  # with a bias, W_kvm(0) is the bias: added without the matmul
     assert torch.equal(with_grad, without)
 
 

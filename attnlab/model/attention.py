@@ -30,7 +30,7 @@ class LayerCache:
 
     def __init__(self, max_len: int) -> None:
         self.max_len = max_len
-        self._slots: dict[str, list] = {}  # name -> [buffer, filled length]
+        self._slots: dict[str, list] = {}  # name -> [buffer, filled length, (B, dtype)]
 
     @property
     def buffers(self) -> dict[str, torch.Tensor]:
@@ -39,19 +39,17 @@ class LayerCache:
 
     def extend(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """Append x [B, H, T, D] along T to slot ``name``; return everything cached so far."""
+        b, h, t, d = x.shape
         slot = self._slots.get(name)
-        if slot is None or slot[0].size(0) != x.size(0) or slot[0].dtype != x.dtype:
+        if slot is None or slot[2] != (b, x.dtype):
             # one spare slot: the filled part never spans the whole buffer, so torch.compile
             # has no "cache exactly full" case to specialise (and recompile) for
-            slot = self._slots[name] = [
-                x.new_empty(x.size(0), x.size(1), self.max_len + 1, x.size(3)),
-                0,
-            ]
-        buf, start = slot
-        end = start + x.size(2)
+            slot = self._slots[name] = [x.new_empty(b, h, self.max_len + 1, d), 0, (b, x.dtype)]
+        buf, start, _ = slot
+        end = start + t
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} positions > block_size {self.max_len}")
-        buf.narrow(2, start, x.size(2)).copy_(x)  # narrow: cheaper per step than __setitem__
+        buf.narrow(2, start, t).copy_(x)  # narrow: cheaper per step than __setitem__
         slot[1] = end
         return buf.narrow(2, 0, end)
 
@@ -162,6 +160,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd, self.kv_dim, self.head_dim = config.n_embd, config.kv_dim, config.head_dim
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
+        self.qkv_sizes = [config.n_embd, config.kv_dim, config.kv_dim]
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.hooks = attach(self, config, "attn")
@@ -169,17 +168,6 @@ class CausalSelfAttention(nn.Module):
         self.need_round0_weights = any(
             getattr(p, "needs_weights", False) for p in self.hooks["rounds"]
         )
-
-    def split_qkv(self, x: torch.Tensor, proj: nn.Linear) -> tuple[torch.Tensor, ...]:
-        """Apply a fused QKV projection and split it into q [B,T,E], k and v [B,T,kv_dim]."""
-        return proj(x).split([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
-
-    def heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """[B, T, n * head_dim] -> [B, n, T, head_dim]."""
-        b, t, _ = x.shape
-        if t == 1:  # a decoding step: both layouts are one memory order, so one view will do
-            return x.view(b, n, 1, self.head_dim)
-        return x.view(b, t, n, self.head_dim).transpose(1, 2)
 
     def attend(
         self,
@@ -192,11 +180,12 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One attention round: heads, RoPE, cache, softmax(QK^T)V; returns [B, T, E] and weights."""
         b, t, _ = q.shape
-        q, k, v = (
-            self.heads(q, self.n_head),
-            self.heads(k, self.n_kv_head),
-            self.heads(v, self.n_kv_head),
-        )
+        h, hkv, d = self.n_head, self.n_kv_head, self.head_dim
+        if t == 1:  # a decoding step: [B, 1, n*D] and [B, n, 1, D] are one memory order
+            q, k, v = q.view(b, h, 1, d), k.view(b, hkv, 1, d), v.view(b, hkv, 1, d)
+        else:  # [B, T, n*D] -> [B, n, T, D]
+            q = q.view(b, t, h, d).transpose(1, 2)
+            k, v = k.view(b, t, hkv, d).transpose(1, 2), v.view(b, t, hkv, d).transpose(1, 2)
         if ctx.rope is not None:
             q, k = rotate(q, *ctx.rope), rotate(k, *ctx.rope)
         cache = ctx.layer_cache
@@ -216,7 +205,10 @@ class CausalSelfAttention(nn.Module):
         return y, w
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        q, k, v = self.split_qkv(x, self.c_attn)
+        # the fused projection split into q [B, T, E], k and v [B, T, kv_dim] (split_with_sizes:
+        # Tensor.split is a Python wrapper around it)
+        m = self._modules  # m["c_attn"] is self.c_attn without a failed lookup first (layers.py)
+        q, k, v = m["c_attn"](x).split_with_sizes(self.qkv_sizes, dim=2)
         for part in self.hooks["qkv"]:
             q, k, v = part.adjust_qkv(x, q, k, v, ctx)
         y, w0 = self.attend(q, k, v, ctx, "r0", self.need_round0_weights)
@@ -224,6 +216,6 @@ class CausalSelfAttention(nn.Module):
             y = part.add_rounds(x, y, w0, self, ctx)
         for part in self.hooks["output"]:
             y = part.adjust_output(y, ctx)
-        y = self.c_proj(y)
+        y = m["c_proj"](y)
         # dropout is the identity in eval mode: not calling it saves a dispatch per decoded token
         return self.resid_dropout(y) if self.training else y

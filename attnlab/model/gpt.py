@@ -38,6 +38,8 @@ class Block(nn.Module):
             self.ln_3 = make_norm(config)
             self.mlp2 = make_mlp(config)
         self.hooks = attach(self, config, "block")
+        # a block without them skips the call (one Python call fewer per layer and decoded token)
+        self.ffn_hooks = bool(self.hooks["mlp_input"] or self.hooks["state"])
 
     def _ffn_input(self, h: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Run the block-level hooks on the FFN input h: injections read the state, then it updates."""
@@ -49,17 +51,19 @@ class Block(nn.Module):
         return updated
 
     def forward(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        m = self._modules  # m["attn"] is self.attn without a failed lookup first (see layers.py)
         if self.pre_norm:
-            x = x + self.attn(self.ln_1(x), ctx)
-            x = x + self.mlp(self._ffn_input(self.ln_2(x), ctx))
+            x = x + m["attn"](m["ln_1"](x), ctx)
+            h = m["ln_2"](x)
+            x = x + m["mlp"](self._ffn_input(h, ctx) if self.ffn_hooks else h)
             if self.deep:
-                x = x + self.mlp2(self.ln_3(x))
+                x = x + m["mlp2"](m["ln_3"](x))
             return x
         # Post-LN (original Transformer): normalise after each residual add
-        x = self.ln_1(x + self.attn(x, ctx))
-        x = self.ln_2(x + self.mlp(self._ffn_input(x, ctx)))
+        x = m["ln_1"](x + m["attn"](x, ctx))
+        x = m["ln_2"](x + m["mlp"](self._ffn_input(x, ctx) if self.ffn_hooks else x))
         if self.deep:
-            x = self.ln_3(x + self.mlp2(x))
+            x = m["ln_3"](x + m["mlp2"](x))
         return x
 
 
@@ -135,23 +139,24 @@ class GPT(nn.Module):
             raise ValueError(
                 f"cannot forward {start + t} positions, block_size is {self.config.block_size}"
             )
-        x = self.transformer.wte(idx)
-        if "wpe" in self.transformer:
-            wpe = self.transformer.wpe
+        tr = self.transformer  # one submodule lookup instead of five (each costs a dict miss)
+        x = tr.wte(idx)
+        if "wpe" in tr:
+            wpe = tr.wpe
             # consecutive positions are a slice of the table: the lookup without an index tensor
             x = x + (wpe.weight[start : start + t] if position_ids is None else wpe(position_ids))
         if self.training:  # dropout is the identity in eval mode
-            x = self.transformer.drop(x)
+            x = tr.drop(x)
         rope = self.rotary(start, t, position_ids) if self.rotary is not None else None
         ctx = Context(start=start, cache=cache, rope=rope, stats=stats, capture=capture)
         if attention_mask is not None:
             ctx.mask = padding_mask(attention_mask, t)
-        for i, block in enumerate(self.transformer.h):
+        for i, block in enumerate(tr.h):
             ctx.layer = i
             x = block(x, ctx)
         if cache is not None:
             cache.length += t
-        x = self.transformer.ln_f(x)
+        x = tr.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(

@@ -2,6 +2,12 @@
 
 Module and parameter names follow nanoGPT (``c_fc``, ``c_proj``, ``weight``/``bias``) so that
 checkpoints line up and the ``c_proj.weight`` scaled init applies to every residual projection.
+
+The forwards that run once per layer and decoded token read their submodules and parameters
+from ``self._modules`` / ``self._parameters``, the registries nn.Module's own ``__getattr__``
+reads: ``self.c_fc`` first fails the normal attribute lookup (building an AttributeError) before
+``__getattr__`` finds it, a cost per access that adds up to a large share of a small model's
+decoding step. Reassigning a submodule or parameter still works (it updates the registry).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
         self.eps = eps
+        self.shape = (ndim,)  # a plain tuple: cheaper per call than reading weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        p = self._parameters  # (see the module docstring); no "bias" entry when bias=False
+        return F.layer_norm(x, self.shape, p["weight"], p.get("bias"), self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -33,9 +41,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
         self.eps = eps
+        self.shape = (ndim,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, self._parameters["weight"], self.eps)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -52,12 +61,14 @@ class MLP(nn.Module):
         super().__init__()
         d_ffn = int(config.d_ffn or 4 * config.n_embd)
         self.c_fc = nn.Linear(config.n_embd, d_ffn, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh" if config.mlp == "gelu_tanh" else "none")
+        # the function, not nn.GELU: one module call fewer per layer and decoded token
+        self.approximate = "tanh" if config.mlp == "gelu_tanh" else "none"
         self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.c_proj(self.gelu(self.c_fc(x)))
+        m = self._modules  # (see the module docstring)
+        y = m["c_proj"](F.gelu(m["c_fc"](x), approximate=self.approximate))
         return self.dropout(y) if self.training else y  # identity in eval: skip the call
 
 
@@ -66,14 +77,15 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.d_ffn = int(config.d_ffn or 4 * config.n_embd)
-        self.c_fc = nn.Linear(config.n_embd, 2 * self.d_ffn, bias=config.bias)
-        self.c_proj = nn.Linear(self.d_ffn, config.n_embd, bias=config.bias)
+        d_ffn = int(config.d_ffn or 4 * config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 2 * d_ffn, bias=config.bias)
+        self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.c_fc(x).split(self.d_ffn, dim=-1)
-        y = self.c_proj(F.silu(gate) * up)
+        m = self._modules  # (see the module docstring)
+        gate, up = m["c_fc"](x).chunk(2, dim=-1)  # chunk: no Python wrapper, unlike split
+        y = m["c_proj"](F.silu(gate) * up)
         return self.dropout(y) if self.training else y
 
 

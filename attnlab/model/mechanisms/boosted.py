@@ -49,11 +49,11 @@ class BoostRound(nn.Module):
     def qkv(self, r: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [B,T,E] from r; k, v [B,T,kv_dim] from r or x (slicing the fused weight: one matmul each)."""
         if not self.kv_from_input:
-            return self.c_attn(r).split([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
+            return self.c_attn(r).split_with_sizes([self.n_embd, self.kv_dim, self.kv_dim], dim=2)
         w, b, e = self.c_attn.weight, self.c_attn.bias, self.n_embd
         q = linear(r, w[:e], None if b is None else b[:e])
         kv = linear(x, w[e:], None if b is None else b[e:])
-        return (q, *kv.split(self.kv_dim, dim=2))
+        return (q, *kv.chunk(2, dim=2))
 
 
 class BoostedRounds(nn.ModuleList):

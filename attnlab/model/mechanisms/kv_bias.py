@@ -35,17 +35,21 @@ class KVBias(nn.Linear):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config.n_embd, 2 * config.kv_dim, bias=config.bias)
-        self.kv_dim, self.detached = config.kv_dim, config.m_gate_detached
+        self.detached = config.m_gate_detached
 
     def adjust_qkv(self, x, q, k, v, ctx):
-        if "M" not in ctx.state and self.bias is None and not torch.is_grad_enabled():
-            # block 0 without autograd: W_kvm(0) is zero, so the keys and values are unchanged
-            # (training still runs the matmul for the zero gradient AdamW decays)
-            return q, k, v
+        if "M" not in ctx.state and not torch.is_grad_enabled():
+            # block 0 without autograd: W_kvm(0) is exactly its bias, so no matmul (training
+            # still runs it for the zero gradient AdamW decays). _parameters: see layers.py
+            bias = self._parameters["bias"]
+            if bias is None:
+                return q, k, v
+            km, vm = bias.chunk(2)
+            return q, k + km, v + vm
         m = previous_m(x, ctx)
         if self.detached:  # the seed's ablation: no gradient flows back into M from here
             m = m.detach()
-        km, vm = self(m).split(self.kv_dim, dim=2)
+        km, vm = self(m).chunk(2, dim=2)
         return q, k + km, v + vm
 
 
@@ -54,13 +58,13 @@ class PurposeGate(nn.Linear):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config.n_embd, 2 * config.n_embd, bias=config.bias)
-        self.n_embd, self.last_layer = config.n_embd, config.n_layer - 1
+        self.last_layer = config.n_layer - 1
 
     def update_state(self, h: torch.Tensor, ctx) -> None:
         if ctx.layer == self.last_layer:  # no block reads the last M: skip the dead matmul
             return
         m_prev = previous_m(h, ctx)
-        g_pre, c_pre = self(h).split(self.n_embd, dim=2)
+        g_pre, c_pre = self(h).chunk(2, dim=2)
         g = torch.sigmoid(g_pre)
         # g * M_prev + (1 - g) * c as one fused kernel (and one in backward) instead of four
         ctx.state["M"] = torch.lerp(torch.tanh(c_pre), m_prev, g)
