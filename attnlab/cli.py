@@ -78,6 +78,32 @@ def config_flags_as_overrides(
     getattr(args, dest).extend(a.removeprefix("--") for a in pairs)
 
 
+# the arguments that name a file or folder: an empty one meant the default, silently
+# (`train --data ""` trained on the embedded corpus)
+PATH_ARGUMENTS = {
+    "baseline", "ckpt", "config", "data", "folder", "meta", "model", "out", "prompt_file",
+    "resume", "run", "run_a", "run_b", "target",
+}  # fmt: skip
+
+
+def command_path(args: argparse.Namespace) -> list[str]:
+    """The command as typed: ["bench", "export"], not ["bench"]."""
+    parts = (args.command, getattr(args, "benchmark", None), getattr(args, "analysis", None))
+    return [str(n) for n in parts if n]
+
+
+def empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The flag (or positional) of the typed command given an empty path, if any."""
+    for name in command_path(args):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.dest in PATH_ARGUMENTS and isinstance(value, str) and not value.strip():
+            return max(action.option_strings, key=len, default=action.metavar or action.dest)
+    return None
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null once its reader went away: the interpreter's last flush would
     otherwise fail and complain."""
@@ -97,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         config_flags_as_overrides(parser, args, extra)
-    # the command as typed: "bench export", not "bench"
-    parts = (args.command, getattr(args, "benchmark", None), getattr(args, "analysis", None))
-    name = " ".join(str(n) for n in parts if n)
+    name = " ".join(command_path(args))
+    flag = empty_path(parser, args)
+    if flag is not None:
+        print(f"attnlab {name}: error: {flag} is empty; name a file or folder", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except AttnlabError as e:  # anything else is a bug: let its traceback show

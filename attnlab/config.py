@@ -303,6 +303,10 @@ class TrainConfig(_Serialisable):
         self._check_choice("dtype")
         check_seed("seed", self.seed)
         check_seed("eval_seed", self.eval_seed)
+        for name in self.field_names():  # counts torch cannot hold (negatives are refused above)
+            value = getattr(self, name)
+            if isinstance(value, int) and value >= 2**63:
+                raise ConfigError(f"{name}={value!r} is too large")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
@@ -334,7 +338,10 @@ def parse_value(text: str) -> Any:
     try:
         return json.loads(lowered)
     except json.JSONDecodeError:
-        return text
+        pass
+    if lowered.lower().lstrip("+-") in ("nan", "inf", "infinity"):  # refused as non-finite
+        return float(lowered)
+    return text
 
 
 def split_overrides(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

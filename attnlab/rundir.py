@@ -50,14 +50,16 @@ SFT_FILE = "sft.json"
 
 
 class RunLock:
-    """An exclusive lock on a run folder, held until ``release`` (or the process ends)."""
+    """An exclusive lock on a run (or study) folder, held until ``release`` or the process ends."""
 
-    def __init__(self, run_dir: str | Path, record_pid: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, record_pid: bool = True, user: str = "trainer") -> None:
         """``record_pid=False`` holds the lock without writing to the file (a run about to be
-        replaced, which must stay as it was should its replacement fail)."""
+        replaced, which must stay as it was should its replacement fail); ``user`` names what
+        holds such locks in the refusal."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
         self.record_pid = record_pid
+        self.user = user
         self.file: IO[str] | None = None
 
     @property
@@ -78,7 +80,7 @@ class RunLock:
             holder = f.read().strip() or "unknown"
             f.close()
             raise AttnlabError(
-                f"{self.run_dir} is in use by another trainer (PID {holder}); "
+                f"{self.run_dir} is in use by another {self.user} (PID {holder}); "
                 "wait for it to finish or stop it, or choose another folder"
             ) from None
         if self.record_pid:
@@ -104,14 +106,17 @@ class RunLock:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What a run's config.json holds: the model, the training recipe and the data folder."""
+    """What a run's config.json holds: the model, the training recipe, the data folder and the
+    fingerprint of the data in it (attnlab.data.prepare.fingerprint; absent in older runs)."""
 
     model: ModelConfig
     train: TrainConfig
     data: str
+    data_splits: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "train": self.train.to_dict(), "data": self.data}
+        out = {"model": self.model.to_dict(), "train": self.train.to_dict(), "data": self.data}
+        return out if self.data_splits is None else {**out, "data_splits": self.data_splits}
 
 
 class RunDir:
@@ -172,6 +177,7 @@ class RunDir:
                 ModelConfig.from_dict(saved["model"]),
                 TrainConfig.from_dict(saved["train"]),
                 str(saved["data"]),
+                saved["data_splits"] if isinstance(saved.get("data_splits"), dict) else None,
             )
         except AttnlabError as e:  # e.g. a field of the wrong type
             raise AttnlabError(f"cannot resume {self.path}: {self.config}: {e}") from None

@@ -73,6 +73,11 @@ def error_line(p: subprocess.CompletedProcess, command: str) -> str:
         (["max_seconds=NaN"], "max_seconds=nan must be a finite number"),
         (["rope_theta=-Infinity"], "rope_theta=-inf must be a finite number"),
         (["min_lr=NaN"], "min_lr=nan must be a finite number"),
+        # lower case was a string: "must be of type float", unlike the TOML file's message
+        (["learning_rate=nan"], "learning_rate=nan must be a finite number"),
+        (["learning_rate=-inf"], "learning_rate=-inf must be a finite number"),
+        # beyond int64 was accepted (torch cannot hold it)
+        (["max_iters=99999999999999999999"], "max_iters=99999999999999999999 is too large"),
         # the mechanisms' own choices and rules (their SPECs)
         (
             ["m_inject=bogus"],
@@ -92,6 +97,27 @@ def test_bad_train_config(attnlab, tiny_data: Path, tmp_path: Path, args, expect
     p = attnlab("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *args)
     assert error_line(p, "train").startswith(expected)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["train", "--data", ""], "--data"),  # trained on the embedded corpus instead
+        (["train", "--config", " "], "--config"),
+        (["sample", ""], "RUN_OR_FOLDER"),
+        (["export", "RUN", "--out", ""], "--out"),
+        (["analyze", "per-position", "", "B"], "RUN_A"),
+    ],
+)
+def test_an_empty_path_is_refused(attnlab, tmp_path: Path, monkeypatch, args, flag):
+    """An empty path meant the default (or the current folder), silently."""
+    from test_folder_safety import snapshot
+
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    p = attnlab(*args)
+    assert error_line(p, command_name(args)) == f"{flag} is empty; name a file or folder"
+    assert snapshot(tmp_path) == before
 
 
 def test_unknown_key_end_to_end(tiny_data: Path, tmp_path: Path):
@@ -1085,6 +1111,39 @@ def test_resume_refuses_data_prepared_again_with_another_tokenizer(
     assert error_line(attnlab("train", "--resume", str(run)), "train") == (
         f"cannot resume {run}: {data.resolve()} no longer holds the data it was trained on (its "
         "tokenizer differs from the checkpoint's); restore that data, or train a new run"
+    )
+    assert snapshot(run) == before
+
+
+def test_resume_refuses_data_prepared_again_with_another_split(
+    attnlab, tiny_data: Path, tmp_path: Path
+):
+    """The same corpus prepared again with another --val-fraction keeps the tokenizer: --resume
+    then trained on other text and measured on another validation set, silently."""
+    from conftest import tiny_model, tiny_train
+    from test_folder_safety import snapshot
+
+    from attnlab.data.prepare import prepare
+    from attnlab.rundir import RunDir
+    from attnlab.train.trainer import Trainer
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(tiny_data, data)
+    trainer = Trainer(run, tiny_model(), tiny_train(max_iters=10, ckpt_interval=5), data,
+                      quiet=True)  # fmt: skip
+    trainer.run(5)
+    trainer.close()
+    then = json.loads((data / "meta.json").read_text())
+    assert RunDir(run).read_config().data_splits["val_tokens"] == then["val_tokens"]
+    prepare(sources=[str(tiny_data.parent / "corpus.txt")], out=data, val_fraction=0.2)
+    now = json.loads((data / "meta.json").read_text())
+    assert now["vocab_size"] == then["vocab_size"]  # the tokenizer check alone let it through
+    before = snapshot(run)
+    assert error_line(attnlab("train", "--resume", str(run)), "train") == (
+        f"cannot resume {run}: {data.resolve()} no longer holds the data it was trained on (its "
+        f"train and val tokens differ: {then['train_tokens']:,} train / {then['val_tokens']:,} "
+        f"val then, {now['train_tokens']:,} / {now['val_tokens']:,} now); restore that data, or "
+        "train a new run"
     )
     assert snapshot(run) == before
 

@@ -396,3 +396,27 @@ def test_a_study_out_that_is_not_a_study_folder_is_refused(tmp_path: Path, case:
     else:
         assert re.fullmatch(rf"cannot write {out} \([A-Z][\w ]+\); choose another --out", line)
     assert snapshot(tmp_path) == before
+
+
+def test_a_second_study_in_a_folder_in_use_is_refused(tmp_path: Path) -> None:
+    """Two studies in one folder marked each other's runs failed and both exited 1, silently:
+    the second is refused while the first holds the folder, and nothing there changes."""
+    import os
+
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    from attnlab.rundir import RunLock
+
+    out = tmp_path / "study"
+    with output.StudyDir(out).create():  # what a running study holds
+        assert (out / output.MARKER).is_file()
+        before = snapshot(tmp_path)
+        p = run_cli("study", "kv-bias", "--preset", "ci", "--out", str(out))
+        assert error_line(p, "study") == (
+            f"{out} is in use by another study (PID {os.getpid()}); "
+            "wait for it to finish or stop it, or choose another folder"
+        )
+        assert snapshot(tmp_path) == before
+    with RunLock(out, user="study"):  # released with the study: the folder is free again
+        pass

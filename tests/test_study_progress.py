@@ -344,3 +344,19 @@ def test_retrieval_cells_in_parallel_then_kept_on_rerun(
     run_study(spec, "ci", two, seeds=3)
     assert calls == [2, 2, 2, 2]  # one new seed for each of the 4 cells
     assert tables(two) == tables(three)
+
+
+def test_a_study_refuses_runs_of_data_prepared_again(tmp_path: Path, tiny_data: Path) -> None:
+    """The same --data folder prepared again (another split, same tokenizer) kept the finished
+    runs, which were trained and measured on the old one, to pair with new ones."""
+    from attnlab.data.prepare import prepare
+
+    out, data = tmp_path / "study", tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    run_study(_spec(), "ci", out, seeds=1, data=data, variants=["base", "kv"])
+    prepare(sources=[str(tiny_data.parent / "corpus.txt")], out=data, val_fraction=0.2)
+    before = snapshot(out)
+    with pytest.raises(AttnlabError) as e:
+        run_study(_spec(), "ci", out, seeds=1, data=data, variants=["base", "kv"])
+    assert "(data prepared again (its train and val tokens differ: " in str(e.value)
+    assert snapshot(out) == before

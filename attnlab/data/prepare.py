@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -174,6 +175,33 @@ def _stage(show: bool, what: str) -> Iterator[list[str]]:
         took = time.perf_counter() - started
         end = f"{what}: {', '.join(done)} ({took:.1f} s)"
         print(f"\r{end}" if live else end, file=sys.stderr, flush=True)
+
+
+def fingerprint(meta: dict) -> dict[str, Any]:
+    """What tells a prepared folder's token streams apart: their lengths and, where ``prepare``
+    recorded them, the SHA-256 of each split's text. A run records it, so that resuming (or a
+    study reusing the run) notices data prepared again with another split or corpus."""
+    out = {key: meta[key] for key in ("train_tokens", "val_tokens")}
+    provenance = meta.get("provenance")
+    if isinstance(provenance, dict):
+        out.update({k: provenance[k] for k in ("train_sha256", "val_sha256") if k in provenance})
+    return out
+
+
+def read_fingerprint(data_dir: str | Path) -> dict[str, Any]:
+    """``fingerprint`` of a prepared folder, from its meta.json alone."""
+    return fingerprint(_read_meta(Path(data_dir).expanduser() / META_FILE))
+
+
+def fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """How a folder's token streams differ from those a run recorded, in words (None: alike)."""
+    changed = sorted({key.split("_")[0] for key in then if now.get(key) != then[key]})
+    if not changed:
+        return None
+    return (
+        f"its {' and '.join(changed)} tokens differ: {then['train_tokens']:,} train / "
+        f"{then['val_tokens']:,} val then, {now['train_tokens']:,} / {now['val_tokens']:,} now"
+    )
 
 
 @dataclass

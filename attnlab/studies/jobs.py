@@ -22,6 +22,7 @@ import torch
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench.timing import interleaved, synchronizer, train_step
 from attnlab.config import ModelConfig, TrainConfig
+from attnlab.data.prepare import fingerprint_change, is_data_folder, read_fingerprint
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir, finished_summary
@@ -216,7 +217,14 @@ def setup_differences(job: Job) -> list[str]:
 
     have = fields(saved.model, saved.train, saved.data)
     want = fields(planned.model, planned.train, job.data)
-    return [f"{k} {have.get(k)!r}, not {v!r}" for k, v in want.items() if have.get(k) != v]
+    diffs = [f"{k} {have.get(k)!r}, not {v!r}" for k, v in want.items() if have.get(k) != v]
+    prepared = is_data_folder(Path(job.data).expanduser())  # not yet: the study prepares it
+    change = (
+        saved.data_splits
+        and prepared
+        and fingerprint_change(saved.data_splits, read_fingerprint(job.data))
+    )
+    return diffs + ([f"data prepared again ({change})"] if change else [])
 
 
 def refuse_other_setups(jobs: Sequence[Job]) -> None:

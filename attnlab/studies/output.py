@@ -22,6 +22,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, write_json
+from attnlab.rundir import RunLock
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -52,17 +53,24 @@ class StudyDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def create(self) -> None:
-        """Make the folder (and mark it as a study's); a non-empty folder must be a study's
-        already: a user's report.md or results.csv there were overwritten."""
-        full = check_out_path(self.path)
-        if full and not any((self.path / name).is_file() for name in (STUDY_JSON, MARKER)):
+    def create(self) -> RunLock:
+        """Make the folder, lock it and mark it as a study's; return the held lock.
+
+        A non-empty folder must be a study's already (a user's report.md or results.csv there
+        were overwritten), and one study at a time: two in one folder marked each other's runs
+        failed and both exited 1 without a word.
+        """
+        if check_out_path(self.path) and not any(
+            (self.path / name).is_file() for name in (STUDY_JSON, MARKER)
+        ):
             raise AttnlabError(
                 f"{self.path} is not empty and is not a study folder; choose another --out"
             )
         check_writable(self.path)  # a read-only or pseudo file system (/proc), a permission
-        self.path.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(self.path, user="study")
+        lock.acquire()  # makes the folder; refuses, changing nothing, while a study holds it
         (self.path / MARKER).touch()
+        return lock
 
     @property
     def report(self) -> Path:

@@ -53,37 +53,38 @@ def run_study(
     if data is not None:
         load_dataset(data)  # a missing or unprepared folder fails here, not in every run
     folder = StudyDir(out)
-    folder.create()
-    seed_list = list(range(n_seeds))
-    t0 = time.perf_counter()
-    header = {
-        "name": spec.name,
-        "description": spec.description,
-        "kind": spec.kind,
-        "preset": preset,
-        "seeds": seed_list,
-        "jobs": jobs,
-        "source": spec.source,
-        "notes": scale.notes,
-        "command": command,
-        "git_commit": environment(torch.device("cpu"))["git_commit"],
-    }
-
-    def publish(outcome: Outcome) -> dict[str, Any]:
-        results = {
-            "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in outcome.runs],
-            "comparisons": outcome.comparisons,
+    # held until the study returns: a second study in this folder is refused
+    with folder.create():
+        seed_list = list(range(n_seeds))
+        t0 = time.perf_counter()
+        header = {
+            "name": spec.name,
+            "description": spec.description,
+            "kind": spec.kind,
+            "preset": preset,
+            "seeds": seed_list,
+            "jobs": jobs,
+            "source": spec.source,
+            "notes": scale.notes,
+            "command": command,
+            "git_commit": environment(torch.device("cpu"))["git_commit"],
         }
-        record = {
-            **header,
-            "elapsed_s": time.perf_counter() - t0,
-            "retrained": sum(not r.get("skipped", True) for r in outcome.runs),
-            "variants": outcome.variants,
-            **outcome.extra,
-        }
-        folder.write_results(results, record)
-        folder.write_report(render(spec, preset, record, kind.sections(study, results, record)))
-        return {**results, "study": record}
 
-    study = Study(spec, preset, folder, seed_list, jobs, data, progress, publish)
-    return publish(kind.run(study))
+        def publish(outcome: Outcome) -> dict[str, Any]:
+            results = {
+                "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in outcome.runs],
+                "comparisons": outcome.comparisons,
+            }
+            record = {
+                **header,
+                "elapsed_s": time.perf_counter() - t0,
+                "retrained": sum(not r.get("skipped", True) for r in outcome.runs),
+                "variants": outcome.variants,
+                **outcome.extra,
+            }
+            folder.write_results(results, record)
+            folder.write_report(render(spec, preset, record, kind.sections(study, results, record)))
+            return {**results, "study": record}
+
+        study = Study(spec, preset, folder, seed_list, jobs, data, progress, publish)
+        return publish(kind.run(study))

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.bins import BatchSampler, fixed_batches
-from attnlab.data.prepare import load_dataset
+from attnlab.data.prepare import fingerprint, fingerprint_change, load_dataset
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
@@ -218,7 +218,8 @@ class Trainer:
     def _write_run_config(self) -> None:
         # absolute: a relative --data would name another folder from another working directory
         data = str(self.data.dir.resolve())
-        self.run_folder.write_config(RunConfig(self.model_config, self.cfg, data))
+        splits = fingerprint(self.data.meta)
+        self.run_folder.write_config(RunConfig(self.model_config, self.cfg, data, splits))
 
     def _refuse_a_started_run(self) -> None:
         if self.run_folder.is_foreign():  # the CLI refuses it first; library callers meet this
@@ -251,6 +252,13 @@ class Trainer:
                     "was trained on (its tokenizer differs from the checkpoint's); restore that "
                     "data, or train a new run"
                 ) from None
+        recorded = self.run_folder.read_config().data_splits
+        change = recorded and fingerprint_change(recorded, fingerprint(self.data.meta))
+        if change:  # same tokenizer, other text: prepared again with another split or corpus
+            raise AttnlabError(
+                f"cannot resume {self.run_dir}: {self.data.dir} no longer holds the data it was "
+                f"trained on ({change}); restore that data, or train a new run"
+            )
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
         saved = ckpt.read_trainer_state(folder)
         try:
