@@ -120,6 +120,34 @@ def test_an_empty_path_is_refused(attnlab, tmp_path: Path, monkeypatch, args, fl
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        (  # the flat one won, silently
+            "max_iters = 5\n[train]\nmax_iters = 50\n",
+            "sets max_iters twice (in [train] and the top level); keep one",
+        ),
+        (
+            "[model]\nn_layer = 2\n[train]\nn_layer = 3\n",
+            "n_layer twice (in [model] and [train]); keep one",
+        ),
+        # applied to the model as if it had been under [model]
+        ("[train]\nn_layer = 2\n", ": n_layer belongs in [model], not [train]"),
+        ("[model]\nlearning_rate = 0.1\n", ": learning_rate belongs in [train], not [model]"),
+    ],
+)
+def test_a_config_file_key_in_two_places_or_the_wrong_table_is_refused(
+    attnlab, tiny_data: Path, tmp_path: Path, toml: str, expected: str
+):
+    config = tmp_path / "run.toml"
+    config.write_text(toml)
+    p = attnlab("train", "--config", str(config), "--data", str(tiny_data),
+                "--out", str(tmp_path / "run"))  # fmt: skip
+    line = error_line(p, "train")
+    assert line.startswith(f"config file {config}") and line.endswith(expected), line
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_key_end_to_end(tiny_data: Path, tmp_path: Path):
     p = run_cli("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), "lerning_rate=1")
     assert (
@@ -788,12 +816,17 @@ def test_per_position_refuses_an_out_it_did_not_write(
 ):
     from test_folder_safety import snapshot
 
-    work = tmp_path / "work"
+    work, other = tmp_path / "work", tmp_path / "other"
     work.mkdir()
+    shutil.copytree(model_dir, other)
     cases = _per_position_outs(work)
-    argv = ["analyze", "per-position", str(model_dir), str(model_dir), "--data", str(tiny_data),
+    argv = ["analyze", "per-position", str(model_dir), str(other), "--data", str(tiny_data),
             "--device", "cpu", "--max-tokens", "100"]  # fmt: skip
     before = snapshot(tmp_path)
+    same = [*argv[:3], str(model_dir), *argv[4:], "--out", str(work / "pp.csv")]
+    assert error_line(attnlab(*same), "analyze per-position") == (  # compared a run with itself
+        f"RUN_A and RUN_B are both {model_dir}; compare two different runs"
+    )
     for out, expected in cases:
         assert error_line(attnlab(*argv, "--out", str(out)), "analyze per-position") == expected
     for flags, got in ((["--top", "0"], "0 and 12"), (["--context", "-1"], "20 and -1")):

@@ -149,6 +149,8 @@ def compare(
     """Score the validation split of ``data`` (default: the runs' data) with both runs."""
     if max_tokens is not None and max_tokens < 1:
         raise AttnlabError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if Path(run_a).expanduser().resolve() == Path(run_b).expanduser().resolve():
+        raise AttnlabError(f"RUN_A and RUN_B are both {run_a}; compare two different runs")
     dataset = load_dataset(shared_data_dir([str(run_a), str(run_b)], data))
     tokens = dataset.val if max_tokens is None else dataset.val[: max_tokens + 1]
     models = []

@@ -93,10 +93,10 @@ def resolve(
     file_data.pop("preset", None)
     data = data or file_data.pop("data", None)
     p = get_preset(preset_name)
+    tables = {"[model]": file_data.pop("model", {}), "[train]": file_data.pop("train", {})}
+    check_tables(config_file, {**tables, "the top level": file_data})
     pairs = (
-        as_overrides(file_data.pop("model", {}))
-        + as_overrides(file_data.pop("train", {}))
-        + as_overrides(file_data)
+        as_overrides(tables["[model]"]) + as_overrides(tables["[train]"]) + as_overrides(file_data)
     )
     model, train, model_over = configs(preset_name, pairs + list(overrides or []))
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
@@ -105,6 +105,27 @@ def resolve(
         "vocab_size" not in p.model or not is_presets_own_data(p.data, data_dir)
     )
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
+
+
+def check_tables(config_file: str | Path | None, tables: dict[str, dict[str, Any]]) -> None:
+    """Refuse a TOML key set twice (one value silently won) or in the other config's table (a
+    model field under [train] was applied to the model)."""
+    seen: dict[str, str] = {}
+    for table, keys in tables.items():
+        for key in keys:
+            if key in seen:
+                raise AttnlabError(
+                    f"config file {config_file} sets {key} twice (in {seen[key]} and {table}); "
+                    "keep one"
+                )
+            seen[key] = table
+    for table, other in (("[model]", TrainConfig), ("[train]", ModelConfig)):
+        misplaced = [key for key in tables[table] if key in other.field_names()]
+        if misplaced:
+            home = "[train]" if table == "[model]" else "[model]"
+            raise AttnlabError(
+                f"config file {config_file}: {misplaced[0]} belongs in {home}, not {table}"
+            )
 
 
 def data_folder(spec: RunSpec) -> Path:

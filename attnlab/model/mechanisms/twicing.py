@@ -7,6 +7,7 @@ token like K and V and cached decoding stays exact. Causal A stays causal.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
@@ -20,7 +21,8 @@ class Twicing(nn.Module):
     def core(self, q, k, v, ctx, slot, dropout_p, need_weights):
         y1, w = attention(q, k, v, dropout_p, need_weights, ctx.mask)
         t = q.size(2)
-        u = 2 * repeat_kv(v[:, :, -t:], q.size(1) // v.size(1)) - y1
+        v_new = repeat_kv(v.narrow(2, v.size(2) - t, t), q.size(1) // v.size(1))
+        u = torch.lerp(y1, v_new, 2.0)  # y1 + 2 (v - y1) = 2v - y1, one kernel instead of two
         cache = ctx.layer_cache
         if cache is not None:
             u = cache.extend(f"{slot}.twice", u)
