@@ -1122,13 +1122,9 @@ def test_a_killed_writers_temporary_folder_is_removed_by_the_next(attnlab, tmp_p
     assert (live / "train.bin").is_file() and (aside / "train.bin").is_file()
 
 
-def test_resume_refuses_data_prepared_again_with_another_tokenizer(
-    attnlab, tiny_data: Path, other_data: Path, tmp_path: Path
-):
-    """`prepare --out DATA` replaces a data folder: --resume then trained on the new text with
-    the old ids (silently, when the vocabulary sizes allowed it)."""
+def _half_run_on_a_copy(tiny_data: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """(DATA, RUN): a copy of the tiny data and a run on it stopped at 5 of 10 iterations."""
     from conftest import tiny_model, tiny_train
-    from test_folder_safety import snapshot
 
     from attnlab.train.trainer import Trainer
 
@@ -1138,6 +1134,17 @@ def test_resume_refuses_data_prepared_again_with_another_tokenizer(
                       quiet=True)  # fmt: skip
     trainer.run(5)
     trainer.close()
+    return data, run
+
+
+def test_resume_refuses_data_prepared_again_with_another_tokenizer(
+    attnlab, tiny_data: Path, other_data: Path, tmp_path: Path
+):
+    """`prepare --out DATA` replaces a data folder: --resume then trained on the new text with
+    the old ids (silently, when the vocabulary sizes allowed it)."""
+    from test_folder_safety import snapshot
+
+    data, run = _half_run_on_a_copy(tiny_data, tmp_path)
     shutil.rmtree(data)
     shutil.copytree(other_data, data)  # what `prepare --corpus other.txt --out DATA` leaves
     before = snapshot(run)
@@ -1153,19 +1160,12 @@ def test_resume_refuses_data_prepared_again_with_another_split(
 ):
     """The same corpus prepared again with another --val-fraction keeps the tokenizer: --resume
     then trained on other text and measured on another validation set, silently."""
-    from conftest import tiny_model, tiny_train
     from test_folder_safety import snapshot
 
     from attnlab.data.prepare import prepare
     from attnlab.rundir import RunDir
-    from attnlab.train.trainer import Trainer
 
-    data, run = tmp_path / "data", tmp_path / "run"
-    shutil.copytree(tiny_data, data)
-    trainer = Trainer(run, tiny_model(), tiny_train(max_iters=10, ckpt_interval=5), data,
-                      quiet=True)  # fmt: skip
-    trainer.run(5)
-    trainer.close()
+    data, run = _half_run_on_a_copy(tiny_data, tmp_path)
     then = json.loads((data / "meta.json").read_text())
     assert RunDir(run).read_config().data_splits["val_tokens"] == then["val_tokens"]
     prepare(sources=[str(tiny_data.parent / "corpus.txt")], out=data, val_fraction=0.2)
