@@ -265,3 +265,22 @@ def test_hf_source_online_keeps_the_libraries_log(
     assert capfd.readouterr().err == "a warning from the library\n"  # passed on once loaded
     ds = load_dataset(tmp_path / "d")
     assert ds.tokenizer.decode(ds.train.tolist()) == "first line\nsecond line\n"
+
+
+@pytest.mark.parametrize(
+    ("then", "expected"),
+    [
+        ({"train_tokens": 90, "val_tokens": 10, "val_sha256": "a"}, None),
+        ({"train_tokens": 90, "val_tokens": 10, "val_sha256": "b"}, "its val tokens differ: 90 "
+         "train / 10 val then, 90 / 10 now"),
+        ({"train_tokens": 80, "val_tokens": 20}, "its train and val tokens differ: 80 train / 20 "
+         "val then, 90 / 10 now"),
+        ({"train_tokens": "x"}, "its train tokens differ"),  # a hand-edited record
+        ({}, None),  # a run from before runs recorded their data
+    ],
+)  # fmt: skip
+def test_fingerprint_change_says_which_split_changed(then: dict, expected: str | None) -> None:
+    from attnlab.data.prepare import fingerprint_change
+
+    now = {"train_tokens": 90, "val_tokens": 10, "train_sha256": "t", "val_sha256": "a"}
+    assert fingerprint_change(then, now) == expected

@@ -198,9 +198,12 @@ def fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     changed = sorted({key.split("_")[0] for key in then if now.get(key) != then[key]})
     if not changed:
         return None
+    sizes = [d.get(k) for d in (then, now) for k in ("train_tokens", "val_tokens")]
+    if not all(isinstance(n, int) for n in sizes):  # a hand-edited record: no sizes to show
+        return f"its {' and '.join(changed)} tokens differ"
     return (
-        f"its {' and '.join(changed)} tokens differ: {then['train_tokens']:,} train / "
-        f"{then['val_tokens']:,} val then, {now['train_tokens']:,} / {now['val_tokens']:,} now"
+        f"its {' and '.join(changed)} tokens differ: {sizes[0]:,} train / {sizes[1]:,} val "
+        f"then, {sizes[2]:,} / {sizes[3]:,} now"
     )
 
 
