@@ -666,10 +666,20 @@ def _config_bad_mechanism_field(run: Path) -> str:
     )
 
 
+def _latest_tokenizer_emptied(run: Path) -> str:
+    """It blamed the data folder ("no longer holds the data it was trained on")."""
+    (run / "latest" / "tokenizer.json").write_text("")
+    return (
+        f"{run / 'latest' / 'tokenizer.json'}: not a valid tokenizer.json (EOF while parsing a "
+        "value at line 1 column 0)"
+    )
+
+
 @pytest.mark.parametrize(
     "damage",
-    [_metrics_garbage, _config_not_objects, _config_bad_field, _config_bad_mechanism_field],
-)
+    [_metrics_garbage, _config_not_objects, _config_bad_field, _config_bad_mechanism_field,
+     _latest_tokenizer_emptied],
+)  # fmt: skip
 def test_resume_of_a_damaged_run_gets_one_line(attnlab, train_tiny, tmp_path: Path, damage):
     from test_folder_safety import snapshot
 

@@ -243,8 +243,8 @@ class Trainer:
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
         if (folder / ckpt.TOKENIZER).is_file():  # the data folder may have been prepared again
+            tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)  # damaged: its own error
             try:
-                tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
                 self.data.check_model(folder, self.model_config.vocab_size, tokenizer)
             except AttnlabError:
                 raise AttnlabError(
