@@ -246,8 +246,20 @@ def test_a_changed_config_or_tokenizer_is_caught_by_its_digest(model_dir: Path, 
     assert edit(text) != text
     path.write_text(edit(text))
     assert one_line_error(model_dir) == (
-        f"{path} was changed after the model was saved: it does not match the sha256 recorded "
-        f"in {ckpt.WEIGHTS}"
+        f"{path} does not match the sha256 recorded in {ckpt.WEIGHTS}: one of them was edited or "
+        "replaced after the model was saved"
+    )
+
+
+def test_weights_of_another_model_are_caught_by_the_digests(model_dir: Path, tmp_path: Path):
+    """Another model's (intact) model.safetensors in the folder was reported as an edited
+    config.json."""
+    config = ckpt.read_model_config(model_dir).replace(dropout=0.1)  # same shapes
+    other = ckpt.save_checkpoint(tmp_path / "other", GPT(config), None)
+    (model_dir / ckpt.WEIGHTS).write_bytes((other / ckpt.WEIGHTS).read_bytes())
+    assert one_line_error(model_dir) == (
+        f"{model_dir / ckpt.CONFIG} does not match the sha256 recorded in {ckpt.WEIGHTS}: one of "
+        "them was edited or replaced after the model was saved"
     )
 
 

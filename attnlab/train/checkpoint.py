@@ -212,9 +212,9 @@ def check_file_digests(folder: Path, metadata: dict[str, str]) -> None:
         if not path.is_file():
             raise AttnlabError(f"{path} is missing; {WEIGHTS} was saved with it")
         if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-            raise AttnlabError(
-                f"{path} was changed after the model was saved: it does not match the sha256 "
-                f"recorded in {WEIGHTS}"
+            raise AttnlabError(  # either file may be the one replaced: say both
+                f"{path} does not match the sha256 recorded in {WEIGHTS}: one of them was edited "
+                "or replaced after the model was saved"
             )
 
 
