@@ -14,7 +14,7 @@ import os
 import pkgutil
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from attnlab import commands
 from attnlab.errors import AttnlabError
@@ -55,6 +55,10 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        """One line, like every other attnlab error, instead of argparse's usage block."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="attnlab", description=__doc__.splitlines()[0])
@@ -74,7 +78,7 @@ def config_flags_as_overrides(
     dest = getattr(args, "overrides_in", None)
     pairs = [a for a in extra if "=" in a and (a.startswith("--") or not a.startswith("-"))]
     if dest is None or len(pairs) != len(extra):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        typed_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     getattr(args, dest).extend(a.removeprefix("--") for a in pairs)
 
 
@@ -92,12 +96,17 @@ def command_path(args: argparse.Namespace) -> list[str]:
     return [str(n) for n in parts if n]
 
 
-def empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The flag (or positional) of the typed command given an empty path, if any."""
+def typed_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The parser of the command as typed (``bench export``'s, not ``bench``'s)."""
     for name in command_path(args):
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[name]
-    for action in parser._actions:
+    return parser
+
+
+def empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The flag (or positional) of the typed command given an empty path, if any."""
+    for action in typed_parser(parser, args)._actions:
         value = getattr(args, action.dest, None)
         if action.dest in PATH_ARGUMENTS and isinstance(value, str) and not value.strip():
             return max(action.option_strings, key=len, default=action.metavar or action.dest)

@@ -1261,3 +1261,18 @@ def test_analysis_out_holding_a_users_files_is_refused(
     # its own output folder is written again
     assert attnlab(*args, "--out", str(tmp_path / "ours")).returncode == 0
     assert attnlab(*args, "--out", str(tmp_path / "ours")).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "--bogus"], "attnlab train: error: unrecognized arguments: --bogus"),
+        (["bench", "export", "--x", "1"], "attnlab bench export: error: unrecognized arguments: --x 1"),
+        (["sample"], "attnlab sample: error: the following arguments are required: RUN_OR_FOLDER"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line(args: list[str], expected: str):
+    """argparse printed its usage block (eleven lines for sample) above the error."""
+    p = run_cli(*args)
+    assert p.returncode == 2
+    assert p.stderr == f"{expected} (see attnlab {command_name(args)} --help)\n"
