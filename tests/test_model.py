@@ -61,6 +61,32 @@ def test_cached_decoding_equals_full_recompute(name: str) -> None:
     assert_cache_exact(build(**CONFIGS[name]))
 
 
+@pytest.mark.parametrize("name", ["vanilla", "gqa-rope-rms-swiglu"])
+def test_decoding_honours_hooks_replaced_submodules_and_parametrized_weights(name: str) -> None:
+    """The forwards read submodules from nn.Module's registry (see layers.py): a forward hook
+    still fires, a reassigned submodule is the one called, a parametrized norm weight is used."""
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    model, reference = build(**CONFIGS[name]), build(**CONFIGS[name])
+    block, ref_block = model.transformer.h[0], reference.transformer.h[0]
+    calls = []
+    block.attn.c_attn.register_forward_hook(lambda *_: calls.append(1))
+    block.mlp = ref_block.mlp = build(seed=1, **CONFIGS[name]).transformer.h[1].mlp
+    parametrize.register_parametrization(block.ln_2, "weight", Double())
+    with torch.no_grad():
+        ref_block.ln_2.weight.mul_(2)
+    idx = torch.zeros((1, 1), dtype=torch.long)
+    tokens = model.generate(idx, 4, temperature=0.0)
+    assert len(calls) == 4  # the prompt and three cached steps
+    assert torch.equal(tokens, reference.generate(idx, 4, temperature=0.0))
+    logits, _ = model(tokens, all_logits=True)
+    assert torch.equal(logits, reference(tokens, all_logits=True)[0])
+
+
 def test_hook_tables_are_fixed_dicts() -> None:
     """Reading a hook list must not add keys: torch.compile guards on the table's length."""
     model = build(**ALL)

@@ -3,11 +3,12 @@
 Module and parameter names follow nanoGPT (``c_fc``, ``c_proj``, ``weight``/``bias``) so that
 checkpoints line up and the ``c_proj.weight`` scaled init applies to every residual projection.
 
-The forwards that run once per layer and decoded token read their submodules and parameters
-from ``self._modules`` / ``self._parameters``, the registries nn.Module's own ``__getattr__``
-reads: ``self.c_fc`` first fails the normal attribute lookup (building an AttributeError) before
-``__getattr__`` finds it, a cost per access that adds up to a large share of a small model's
-decoding step. Reassigning a submodule or parameter still works (it updates the registry).
+The forwards that run once per layer and decoded token read their submodules from
+``self._modules``, the registry nn.Module's own ``__getattr__`` reads: ``self.c_fc`` first fails
+the normal attribute lookup (building an AttributeError) before ``__getattr__`` finds it, a cost
+per access that adds up to a large share of a small model's decoding step. Reassigning a
+submodule still works (it updates the registry). Parameters are read as attributes: tools such
+as weight_norm and parametrize take them out of ``_parameters``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ class LayerNorm(nn.Module):
         self.shape = (ndim,)  # a plain tuple: cheaper per call than reading weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self._parameters  # (see the module docstring); no "bias" entry when bias=False
-        return F.layer_norm(x, self.shape, p["weight"], p.get("bias"), self.eps)
+        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +44,7 @@ class RMSNorm(nn.Module):
         self.shape = (ndim,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.shape, self._parameters["weight"], self.eps)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:

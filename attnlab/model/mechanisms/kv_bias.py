@@ -40,8 +40,8 @@ class KVBias(nn.Linear):
     def adjust_qkv(self, x, q, k, v, ctx):
         if "M" not in ctx.state and not torch.is_grad_enabled():
             # block 0 without autograd: W_kvm(0) is exactly its bias, so no matmul (training
-            # still runs it for the zero gradient AdamW decays). _parameters: see layers.py
-            bias = self._parameters["bias"]
+            # still runs it for the zero gradient AdamW decays)
+            bias = self.bias
             if bias is None:
                 return q, k, v
             km, vm = bias.chunk(2)
