@@ -220,6 +220,13 @@ def run_data_dir(folder: str | Path) -> str | None:
     return saved["data"] if saved is not None else None
 
 
+def run_data_splits(folder: str | Path) -> dict[str, Any] | None:
+    """The fingerprint of the data a run was trained on (None: not a run, or an older one)."""
+    saved = _run_config(Path(folder))
+    splits = saved.get("data_splits") if saved is not None else None
+    return splits if isinstance(splits, dict) else None
+
+
 def shared_data_dir(runs: list[str] | list[Path], data: str | Path | None = None) -> str | None:
     """``data`` if given, else the one data folder all ``runs`` were trained on (None: unknown)."""
     if data:

@@ -1181,6 +1181,11 @@ def test_resume_refuses_data_prepared_again_with_another_split(
     prepare(sources=[str(tiny_data.parent / "corpus.txt")], out=data, val_fraction=0.2)
     now = json.loads((data / "meta.json").read_text())
     assert now["vocab_size"] == then["vocab_size"]  # the tokenizer check alone let it through
+    assert error_line(attnlab("eval", str(run)), "eval") == (  # it scored the new text
+        f"{data.resolve()} no longer holds the data {run} was trained on (its train and val "
+        f"tokens differ: {then['train_tokens']:,} train / {then['val_tokens']:,} val then, "
+        f"{now['train_tokens']:,} / {now['val_tokens']:,} now); restore that data, or pass --data"
+    )
     before = snapshot(run)
     assert error_line(attnlab("train", "--resume", str(run)), "train") == (
         f"cannot resume {run}: {data.resolve()} no longer holds the data it was trained on (its "
@@ -1276,3 +1281,9 @@ def test_a_usage_error_is_one_line(args: list[str], expected: str):
     p = run_cli(*args)
     assert p.returncode == 2
     assert p.stderr == f"{expected} (see attnlab {command_name(args)} --help)\n"
+
+
+def test_chat_refuses_max_new_tokens_zero(attnlab, tmp_path: Path):
+    """`chat --max-new-tokens 0` replied with one token anyway (sample generates none)."""
+    p = attnlab("chat", str(tmp_path / "none"), "--max-new-tokens", "0")
+    assert error_line(p, "chat") == "--max-new-tokens must be >= 1 for a reply, got 0"

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.device import resolve_device
 
     check_sampling_args(args)
+    if args.max_new_tokens < 1:  # was raised to 1 silently
+        raise AttnlabError(f"--max-new-tokens must be >= 1 for a reply, got {args.max_new_tokens}")
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)
     if args.compile:

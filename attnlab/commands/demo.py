@@ -87,7 +87,9 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
         f"{summary['tokens_per_s']:.0f} tokens/s"
     )
     gen = torch.Generator(device=trainer.device).manual_seed(1337)
-    prompt = torch.tensor([trainer.data.tokenizer.encode("\n")], device=trainer.device)
+    # a newline, or where the tokenizer has no token for one alone (BPE), the first val token
+    start = trainer.data.tokenizer.encode("\n") or [int(trainer.data.val[0])]
+    prompt = torch.tensor([start], device=trainer.device)
     sample = trainer.model.generate(prompt, 400, temperature=0.8, top_k=50, generator=gen)
     print(
         "sample:\n" + "-" * 60 + trainer.data.tokenizer.decode(sample[0].tolist()) + "\n" + "-" * 60
