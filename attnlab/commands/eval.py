@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnlab import from_pretrained
     from attnlab.analysis.loss import split_loss
-    from attnlab.data.prepare import fingerprint, fingerprint_change, load_dataset
+    from attnlab.data.prepare import load_dataset
     from attnlab.device import resolve_device
 
     model, tokenizer = from_pretrained(args.model, device=resolve_device(args.device))
@@ -31,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError(f"{args.model} is not a run folder, so its data is unknown: pass --data")
     data = load_dataset(data_dir)
     data.check_model(args.model, model.config.vocab_size, tokenizer)
-    recorded = None if args.data else run_data_splits(args.model)
-    change = recorded and fingerprint_change(recorded, fingerprint(data.meta))
+    change = None if args.data else data.changed_since(run_data_splits(args.model))
     if change:  # prepared again since: it scored other text as the run's own
         raise AttnlabError(
             f"{data_dir} no longer holds the data {args.model} was trained on ({change}); "

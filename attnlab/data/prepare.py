@@ -217,6 +217,11 @@ class Dataset:
     train: np.ndarray
     val: np.ndarray
 
+    def changed_since(self, recorded: dict[str, Any] | None) -> str | None:
+        """How this data differs from the fingerprint a run recorded, in words (None: alike, or
+        nothing recorded)."""
+        return fingerprint_change(recorded, fingerprint(self.meta)) if recorded else None
+
     def check_model(self, model: str | Path, vocab_size: int, tokenizer: Tokenizer | None) -> None:
         """Refuse a model that would read this data's token ids as other tokens.
 

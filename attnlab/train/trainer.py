@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.bins import BatchSampler, fixed_batches
-from attnlab.data.prepare import fingerprint, fingerprint_change, load_dataset
+from attnlab.data.prepare import fingerprint, load_dataset
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
 from attnlab.errors import AttnlabError
@@ -79,7 +79,7 @@ class Trainer:
     """Train a GPT in a run folder: ``Trainer.start`` a new run or ``Trainer.resume`` one;
     ``run(until)`` can stop early.
 
-    ``Trainer(...)`` itself is ``start``'s constructor (``resuming`` is for ``resume``).
+    ``Trainer(...)`` itself is ``start``'s constructor (``resumed`` is for ``resume``).
     """
 
     @classmethod
@@ -115,7 +115,7 @@ class Trainer:
             vocab_from_data=False,
             quiet=quiet,
             batches=batches,
-            resuming=True,
+            resumed=saved,
         )
 
     def __init__(
@@ -129,7 +129,7 @@ class Trainer:
         quiet: bool = False,
         batches: Any | None = None,
         init_weights: dict[str, torch.Tensor] | None = None,
-        resuming: bool = False,
+        resumed: RunConfig | None = None,
     ) -> None:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
@@ -156,7 +156,7 @@ class Trainer:
         check_fits(model_config, self.device, train_config.batch_size)
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
         self.model = GPT(model_config).to(self.device)
-        if init_weights is not None and not resuming:
+        if init_weights is not None and resumed is None:
             ckpt.load_weights_strict(self.model, init_weights, "init_weights")
 
         def make_optimizer() -> torch.optim.Optimizer:
@@ -176,11 +176,11 @@ class Trainer:
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
         if self.dist.is_main:
-            if not resuming:  # refused before the lock file is touched: nothing changes
+            if resumed is None:  # refused before the lock file is touched: nothing changes
                 self._refuse_a_started_run()
             self.lock.acquire()
-        if resuming:
-            self._load_latest()
+        if resumed is not None:
+            self._load_latest(resumed.data_splits)
         elif self.dist.is_main:
             self._start_run_dir()
         self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
@@ -238,7 +238,8 @@ class Trainer:
         self.run_folder.write_env(environment(self.device))
         self.run_folder.metrics.unlink(missing_ok=True)
 
-    def _load_latest(self) -> None:
+    def _load_latest(self, recorded_data: dict[str, Any] | None) -> None:
+        """Restore latest/ (``recorded_data``: the data fingerprint the run's config.json holds)."""
         folder = ckpt.checkpoint_dir(self.run_folder.latest)
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
@@ -252,8 +253,7 @@ class Trainer:
                     "was trained on (its tokenizer differs from the checkpoint's); restore that "
                     "data, or train a new run"
                 ) from None
-        recorded = self.run_folder.read_config().data_splits
-        change = recorded and fingerprint_change(recorded, fingerprint(self.data.meta))
+        change = self.data.changed_since(recorded_data)
         if change:  # same tokenizer, other text: prepared again with another split or corpus
             raise AttnlabError(
                 f"cannot resume {self.run_dir}: {self.data.dir} no longer holds the data it was "
