@@ -20,7 +20,7 @@ from test_bad_input import command_name, error_line
 from attnlab import from_pretrained
 from attnlab.cli import main as cli_main
 from attnlab.errors import AttnlabError
-from attnlab.export import FILES, FORMATS, OnnxLM, export, load_onnx, parse_formats
+from attnlab.export import FILES, FORMATS, OnnxLM, export, export_model, load_onnx, parse_formats
 from attnlab.export import onnx as onnx_export
 from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
@@ -268,6 +268,20 @@ def test_onnx_attention_rmsnorm_and_rope_are_one_node_each(
     assert calls == {"sdpa": 8, "rotate": 8} and norms == 7
 
 
+def test_onnx_plain_attention_has_no_reshape_transpose_or_concat(tmp_path: Path) -> None:
+    """RotaryEmbedding and Attention read q, k, v as [B, T, heads * D] and Attention grows the
+    cache itself, so a plain round is three nodes (eight Reshape, Transpose and Concat nodes
+    surrounded them)."""
+    import onnx
+
+    model = make_model(**CONFIGS["value-gate"])  # GQA, RoPE, the value gate: two layers
+    export_model(model, None, tmp_path / "out", ["onnx"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / FILES["onnx"])).graph.node]
+    found = [ops.count(op) for op in ("Transpose", "Reshape", "Concat", "Attention")]
+    assert found == [0, 0, 0, 2] and ops.count("RotaryEmbedding") == 4
+    assert check_onnx_parity(model, tmp_path / "out") < 1e-4
+
+
 def test_int8_graph_runs(exported: tuple[GPT, Path]) -> None:
     import onnx
 
@@ -279,6 +293,28 @@ def test_int8_graph_runs(exported: tuple[GPT, Path]) -> None:
     q, ref = lm.logits(x).numpy(), torch_logits(model, x)
     assert q.shape == ref.shape == (3, 9, 64)
     # int8 weights move logits, but far less than the logits themselves vary
+    assert np.abs(q - ref).mean() < 0.2 * ref.std()
+
+
+def test_int8_tied_head_is_an_integer_matmul(tmp_path: Path) -> None:
+    """A tied head read its int8 table through DequantizeLinear and Transpose at every step and
+    multiplied in float32 (the exporter keeps the Transpose of a table over 8192 values)."""
+    import onnx
+
+    model = make_model(n_layer=1, n_embd=160)  # a 64 x 160 table
+    export_model(model, None, tmp_path / "out", ["onnx-int8"])
+    graph = onnx.load(str(tmp_path / "out" / FILES["onnx-int8"])).graph
+    weights = {w.name for w in graph.initializer}
+    whole = [
+        n.op_type
+        for n in graph.node
+        if n.op_type in ("DequantizeLinear", "Transpose") and n.input[0] in weights
+    ]
+    assert model.config.tie_embeddings and whole == []
+    logits = next(n for n in graph.node if n.output[0] == "logits")
+    assert logits.op_type == "Mul"  # the integer matmul's float scale, not a float MatMul
+    x = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(5))
+    q, ref = load_onnx(tmp_path / "out", int8=True)[0].logits(x).numpy(), torch_logits(model, x)
     assert np.abs(q - ref).mean() < 0.2 * ref.std()
 
 

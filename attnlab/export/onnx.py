@@ -12,7 +12,9 @@ ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handl
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
 sequence axes symbolic instead of trusting a trace. The graph is opset 23 (onnxruntime >= 1.23):
 attention, RMSNorm and RoPE become one node each, and a decoding step, a few hundred tiny nodes,
-is bound by their count, not by arithmetic. Int8 is onnxruntime's dynamic quantization
+is bound by their count, not by arithmetic. For the same reason attention and RoPE take q, k and
+v as [B, T, heads * D] and Attention grows the cache itself (``attend_node``): no Reshape,
+Transpose or Concat around a round. Int8 is onnxruntime's dynamic quantization
 (int8 weights, activations quantized per batch at run time).
 """
 
@@ -119,15 +121,54 @@ class CachedLogitsModel(nn.Module):
         ]
 
 
-def rotary_embedding_node(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotary_embedding_node(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int = 0
+) -> torch.Tensor:
     """``attention.rotate`` as ONNX's RotaryEmbedding (rotate-half, not interleaved): the same
-    arithmetic as one node instead of the six its tensor ops export as."""
-    half = x.size(-1) // 2
+    arithmetic as one node instead of the six its tensor ops export as. ``x`` is [B, H, T, D],
+    or [B, T, H * D] with ``heads`` given."""
+    half = cos.size(-1) // 2
     if cos.dim() == 2:  # [T, D]: every row at the same positions
         cos, sin = cos.expand(x.size(0), -1, -1), sin.expand(x.size(0), -1, -1)
     else:  # [B, 1, T, D]: per-row positions
         cos, sin = cos.squeeze(1), sin.squeeze(1)
-    return torch.onnx.ops.rotary_embedding(x, cos[..., :half], sin[..., :half])
+    return torch.onnx.ops.rotary_embedding(x, cos[..., :half], sin[..., :half], num_heads=heads)
+
+
+_attend = attention.CausalSelfAttention.attend
+
+
+def attend_node(
+    self: attention.CausalSelfAttention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: attention.Context,
+    slot: str,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``CausalSelfAttention.attend`` in the graph: RotaryEmbedding and Attention read q, k and v
+    as [B, T, heads * D] and Attention extends the cache itself (past in, present out), so a
+    round needs no Reshape, Transpose or Concat around it. A round that needs the weights or
+    replaces the attention core (Twicing) keeps the four-dimensional path."""
+    cache = ctx.layer_cache
+    if need_weights or self.core_hook is not None or ctx.capture is not None or ctx.mask is None:
+        return _attend(self, q, k, v, ctx, slot, need_weights)
+    if ctx.rope is not None:
+        q = rotary_embedding_node(q, *ctx.rope, heads=self.n_head)
+        k = rotary_embedding_node(k, *ctx.rope, heads=self.n_kv_head)
+    key, value = f"{slot}.k", f"{slot}.v"
+    y, cache.present[key], cache.present[value], _ = torch.onnx.ops.attention(
+        q,
+        k,
+        v,
+        ctx.mask,
+        cache.past[key],
+        cache.past[value],
+        q_num_heads=self.n_head,
+        kv_num_heads=self.n_kv_head,
+    )
+    return y, None
 
 
 def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) -> None:
@@ -158,6 +199,7 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
         warnings.catch_warnings(),
         quiet_logger("torch.onnx"),
         mock.patch.object(attention, "rotate", rotary_embedding_node),  # RoPE as one node
+        mock.patch.object(attention.CausalSelfAttention, "attend", attend_node),
     ):
         warnings.simplefilter("ignore")  # deprecation chatter from torch.export internals
         torch.onnx.export(
@@ -204,14 +246,57 @@ def check_recorded_config(path: Path, recorded: str | None, config: ModelConfig)
         )
 
 
+def untie_transposed_weights(graph: Any) -> None:
+    """Store each weight that the graph reads through a Transpose transposed, and gather the
+    embedding rows from that copy: one table either way round, no Transpose of it at run time.
+
+    A tied LM head reads the embedding table through a Transpose. onnxruntime folds that away
+    in float32, but once the table is int8 it would dequantize and transpose the whole table at
+    every step and multiply in float32. Stored as [E, V], the head is an integer matmul like
+    every other projection, and the embedding lookup gathers columns of the same int8 table.
+    """
+    from onnx import helper, numpy_helper
+
+    weights = {w.name: w for w in graph.initializer}
+    for node in list(graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in weights:
+            continue
+        name = node.input[0]
+        array = numpy_helper.to_array(weights[name])
+        if array.ndim != 2:
+            continue
+        head = node.output[0]
+        graph.initializer.append(numpy_helper.from_array(array.T.copy(), head))
+        graph.node.remove(node)
+        for gather in [
+            n for n in graph.node if n.op_type == "Gather" and n.input[:2] == [name, INPUT]
+        ]:
+            # rows of [V, E] are columns of [E, V]: gather [E, B, T] on axis 1, then E last
+            at = list(graph.node).index(gather)
+            graph.node.remove(gather)
+            columns = f"{gather.output[0]}_columns"
+            graph.node.insert(at, helper.make_node("Gather", [head, INPUT], [columns], axis=1))
+            graph.node.insert(
+                at + 1, helper.make_node("Transpose", [columns], gather.output, perm=[1, 2, 0])
+            )
+        if not any(name in n.input for n in graph.node):
+            graph.initializer.remove(weights[name])
+
+
 def write_onnx_int8(path_fp32: Path, path: Path) -> None:
     """onnxruntime dynamic quantization: MatMul and Gather (embedding) weights to QInt8."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    source: Any = onnx.load(str(path_fp32), load_external_data=False)
+    if any(w.data_location == onnx.TensorProto.EXTERNAL for w in source.graph.initializer):
+        source = str(path_fp32)  # too large to hold as one protobuf: quantize from the file
+    else:
+        untie_transposed_weights(source.graph)
     with quiet_logger(""):  # onnxruntime logs its pre-processing advice on the root logger
         # onnxruntime would take opset 23's Attention for its own contrib op of that name
         quantize_dynamic(
-            str(path_fp32), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=QUANTIZED
+            source, str(path), weight_type=QuantType.QInt8, op_types_to_quantize=QUANTIZED
         )
 
 
