@@ -7,7 +7,8 @@ A run folder (``RunDir``) holds::
     metrics.csv    one row per log interval and evaluation; tb/ the same for TensorBoard
     summary.json   the latest summary (iterations, losses, throughput)
     latest/ best/  model folders (attnlab.train.checkpoint): the last and the best checkpoint
-    sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run)
+    sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run),
+                   read from beside the run whatever path config.json holds (own_data)
 
 A model folder (``latest/``, ``best/``, an export) is a different thing: its config.json is a
 bare ModelConfig; attnlab.train.checkpoint reads and writes those.
@@ -176,7 +177,7 @@ class RunDir:
             return RunConfig(
                 ModelConfig.from_dict(saved["model"]),
                 TrainConfig.from_dict(saved["train"]),
-                str(saved["data"]),
+                own_data(self.path, str(saved["data"])),
                 saved["data_splits"] if isinstance(saved.get("data_splits"), dict) else None,
             )
         except AttnlabError as e:  # e.g. a field of the wrong type
@@ -214,10 +215,23 @@ def is_run_folder(folder: Path) -> bool:
     return _run_config(folder) is not None
 
 
+def own_data(folder: Path, recorded: str) -> str:
+    """The data folder of the run in ``folder`` whose config.json names ``recorded``.
+
+    An SFT run's data is always its own sft_data/, so it is found beside the run: a copied or
+    moved run would otherwise read (or miss) the original's, whose absolute path config.json
+    holds. A recorded folder of another name is some other data: kept as it is.
+    """
+    own = RunDir(folder)
+    if Path(recorded).name == SFT_DATA and own.is_sft():
+        return str(own.sft_data.resolve())
+    return recorded
+
+
 def run_data_dir(folder: str | Path) -> str | None:
     """The data folder a run was trained on, or None for a model folder (or no folder)."""
     saved = _run_config(Path(folder))
-    return saved["data"] if saved is not None else None
+    return own_data(Path(folder), str(saved["data"])) if saved is not None else None
 
 
 def run_data_splits(folder: str | Path) -> dict[str, Any] | None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import run_cli, tiny_model
+from test_bad_input import attnlab, error_line  # noqa: F401  (a fixture and a helper)
 
 from attnlab.data.chat import IM_END, SPECIAL_TOKENS, chatml_segments, encode_segments, fit_history
 from attnlab.data.tokenizer import Tokenizer
+from attnlab.errors import AttnlabError
 from attnlab.model import GPT
 from attnlab.model.generation import generate
 from attnlab.train.checkpoint import save_checkpoint
@@ -38,8 +42,39 @@ def test_fit_history_drops_oldest_exchanges_and_keeps_system() -> None:
     assert fit_history(tok, [system, *turns], len(ids([system, *turns[4:]]))) == ids(
         [system, *turns[4:]]
     )
-    # the latest message alone too long: its oldest tokens are cut
-    assert fit_history(tok, [system, *turns], 5) == everything[-5:]
+
+
+def test_fit_history_cuts_the_latest_message_and_keeps_the_system_message() -> None:
+    """A latest message too long for the budget was cut together with the system message."""
+    tok = chat_tokenizer()
+    system = {"role": "system", "content": "be kind."}
+    turns = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "uno"}]
+    latest = {"role": "user", "content": "three?"}
+
+    def ids(messages: list[dict[str, str]]) -> list[int]:
+        return encode_segments(tok, chatml_segments(messages, add_generation_prompt=True))[0]
+
+    # char tokens: system 1 + 7 + 8 + 1 + 1, an empty user turn 1 + 5 + 1 + 1, the open reply 11
+    assert len(ids([system, {**latest, "content": ""}])) == 37
+    assert len(ids([system, latest])) == 43
+    # 3 tokens of room: the oldest exchange goes, then the oldest 3 of "three?"
+    cut = ids([system, {**latest, "content": "ee?"}])
+    assert fit_history(tok, [system, *turns, latest], 40) == cut and len(cut) == 40
+    assert fit_history(tok, [system, latest], 38) == ids([system, {**latest, "content": "?"}])
+    assert fit_history(tok, [latest], 20) == ids([{**latest, "content": "?"}])  # 19 of markers
+    # no room for one token of the message: refused, never a prompt without its system message
+    for budget in (37, 5):
+        with pytest.raises(AttnlabError) as err:
+            fit_history(tok, [system, *turns, latest], budget)
+        assert str(err.value) == (
+            "no room for the message: the system message and the ChatML markers take 37 of the "
+            f"{budget} tokens the prompt may have"
+        )
+    with pytest.raises(AttnlabError) as err:
+        fit_history(tok, [latest], 19)
+    assert str(err.value) == (
+        "no room for the message: the ChatML markers take 19 of the 19 tokens the prompt may have"
+    )
 
 
 def _greedy_reply(model: GPT, tok: Tokenizer, messages: list[dict[str, str]], max_new: int) -> str:
@@ -92,3 +127,45 @@ def test_a_system_message_outside_the_vocabulary_is_refused_once(tmp_path: Path)
     assert proc.stderr.splitlines() == [
         "attnlab chat: error: --system: 2 character(s) not in the vocabulary: '\u65e5', '\u672c'"
     ]
+
+
+def test_a_command_with_an_argument_gets_a_usage_hint(
+    attnlab,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`/exit now` said "unknown command /exit"; quitting or clearing on a guess loses the
+    conversation, so a command given an argument does nothing but say how it is used."""
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=128)).eval()
+    save_checkpoint(tmp_path / "model", model, tok)
+    user = {"role": "user", "content": "who are you?"}
+    first = _greedy_reply(model, tok, [user], 12)
+    second = _greedy_reply(model, tok, [user, {"role": "assistant", "content": first}, user], 12)
+    assert first != second  # so the output tells whether the history was kept
+    lines = "who are you?\n/reset all\n/exit now\n/help me\nwho are you?\n/exit\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    p = attnlab("chat", str(tmp_path / "model"), "--temperature", "0", "--max-new-tokens", "12")
+    assert p.returncode == 0 and p.stderr == ""
+    # "/reset all" kept the history: the second reply is the one that follows the first
+    hints = "".join(f"{c} takes no arguments\n" for c in ("/reset", "/exit", "/help"))
+    assert p.stdout == f"{first}\n{hints}{second}\n"
+
+
+def test_a_system_message_leaving_no_room_is_refused_once(
+    attnlab,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The system message was cut from the prompt when a message filled the context."""
+    tok = chat_tokenizer()
+    save_checkpoint(tmp_path / "model", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nhi\n"))
+    p = attnlab("chat", str(tmp_path / "model"), "--system", "be kind.")
+    assert p.stdout == ""
+    # block_size 32: 16 tokens for the prompt, 37 for the system message and the markers
+    assert error_line(p, "chat") == (
+        "no room for the message: the system message and the ChatML markers take 37 of the 16 "
+        "tokens the prompt may have (a context of 32 tokens, 16 kept for the reply)"
+    )

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import run_cli, tiny_model
+from test_bad_input import attnlab, error_line  # noqa: F401  (a fixture and a helper)
+from test_folder_safety import snapshot
+from test_untrusted import model_dir  # noqa: F401  (a fixture: a saved tiny model folder)
 
 from attnlab.data.chat import (
     IM_END,
@@ -25,6 +29,7 @@ from attnlab.data.chat import (
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
+from attnlab.rundir import run_data_dir
 from attnlab.train import sft
 from attnlab.train.checkpoint import load_pretrained
 
@@ -152,7 +157,7 @@ def test_resize_embeddings_keeps_rows_and_draws_new_ones() -> None:
     assert torch.equal(sd["x"], torch.ones(2))
 
 
-def _write_pairs(path: Path, tok: Tokenizer) -> None:
+def _write_pairs(path: Path) -> None:
     """Pairs over characters the tiny corpus certainly has."""
     words = ["the", "king", "and", "lord", "is", "not", "here", "go"]
     lines = [
@@ -171,7 +176,7 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
 
     pre, _ = train_tiny(tmp_path / "pre", max_iters=2, eval_interval=2, eval_iters=1)
     data = tmp_path / "pairs.jsonl"
-    _write_pairs(data, pre.data.tokenizer)
+    _write_pairs(data)
     over = ["max_iters=10", "eval_interval=5", "eval_iters=2", "batch_size=4", "warmup_iters=2"]
     trainer = sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over, quiet=True)
     vocab = pre.model_config.vocab_size
@@ -208,6 +213,102 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
     assert re.search(rf"embeddings +{(vocab + 2) * 32 + 32 * 32:,}\n", capsys.readouterr().out)
     with pytest.raises(AttnlabError, match="already holds a run"):
         sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over)
+
+
+# the shortest SFT run that trains, evaluates and saves a checkpoint
+QUICK = ["max_iters=2", "eval_interval=2", "eval_iters=1", "batch_size=2", "warmup_iters=0"]
+QUICK += ["device=cpu", "tensorboard=false"]
+
+
+def _sft_run(attnlab, model_dir: Path, out: Path) -> Path:  # noqa: F811
+    """A finished 2-iteration SFT run of the untrained tiny model in ``out``, through the CLI."""
+    data = out.with_name("pairs.jsonl")
+    _write_pairs(data)
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(out), *QUICK)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_a_copied_sft_run_reads_the_data_beside_it(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    """config.json names sft_data/ by its absolute path: a copied run was evaluated and resumed
+    on the original's data, and failed once the original was gone."""
+    run = _sft_run(attnlab, model_dir, tmp_path / "sft")
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    val_loss = json.loads(attnlab("eval", str(run), "--device", "cpu").stdout)["loss"]
+    shutil.rmtree(run)
+    own = str((copy / "sft_data").resolve())
+    assert run_data_dir(copy) == own
+    p = attnlab("eval", str(copy), "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["loss"] == val_loss
+    p = attnlab("sft", "--resume", str(copy), "max_iters=3")
+    assert p.returncode == 0, p.stderr
+    assert f"data:     {own}:" in p.stdout
+    assert json.loads((copy / "config.json").read_text())["data"] == own
+    # a run trained on another run's sft_data/ keeps the folder it names
+    other = tmp_path / "other"
+    other.mkdir()
+    saved = {"model": {}, "train": {}, "data": own}
+    (other / "config.json").write_text(json.dumps(saved))
+    assert run_data_dir(other) == own
+
+
+def test_sft_resume_refuses_flags_it_cannot_honour(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    """`sft --resume RUN --data X --chat --out Y` trained RUN on and ignored all three."""
+    run = _sft_run(attnlab, model_dir, tmp_path / "sft")
+    before = snapshot(tmp_path)
+    for flags, named in (
+        (
+            ["--data", str(tmp_path / "pairs.jsonl"), "--chat", "--out", str(tmp_path / "y")],
+            "--data, --chat, --out",
+        ),
+        (["--chat"], "--chat"),
+    ):
+        p = attnlab("sft", "--resume", str(run), *flags, "max_iters=3")
+        assert error_line(p, "sft") == f"{named}: a resumed run keeps its own; leave them out"
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("out", "override", "expected"),
+    [
+        (
+            "new/sft",
+            "n_layer=3",
+            "init_weights does not fit the model: missing keys: "
+            "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.weight, "
+            "transformer.h.2.ln_1.weight, "
+            "transformer.h.2.ln_2.weight, transformer.h.2.mlp.c_fc.weight, and 1 more",
+        ),
+        (
+            "empty",
+            "block_size=64",
+            "init_weights does not fit the model: shape mismatches: "
+            "transformer.wpe.weight (32, 32) vs (64, 32)",
+        ),
+    ],
+    ids=["a new folder", "a folder it found"],
+)
+def test_a_refused_sft_leaves_nothing_behind(
+    attnlab,  # noqa: F811
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    out: str,
+    override: str,
+    expected: str,
+):
+    """A check of the trainer's that failed left OUT/sft_data/ (and OUT) behind. A folder the
+    command found (here an empty one) stays."""
+    data = tmp_path / "pairs.jsonl"
+    _write_pairs(data)
+    (tmp_path / "empty").mkdir()
+    before = snapshot(tmp_path)
+    p = attnlab(
+        "sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / out), *QUICK, override
+    )
+    assert error_line(p, "sft") == expected
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.slow
@@ -260,7 +361,7 @@ def test_sft_starts_from_a_native_gpt2_export(train_tiny, tmp_path: Path) -> Non
     export(tmp_path / "pre", tmp_path / "gpt2", ["safetensors"])
     assert json.loads((tmp_path / "gpt2" / "config.json").read_text())["model_type"] == "gpt2"
     data = tmp_path / "pairs.jsonl"
-    _write_pairs(data, pre.data.tokenizer)
+    _write_pairs(data)
     over = ["max_iters=1", "eval_interval=1", "eval_iters=1", "batch_size=2", "warmup_iters=0"]
     trainer = sft.start(tmp_path / "gpt2", tmp_path / "sft", data, overrides=over, quiet=True)
     vocab = pre.model_config.vocab_size

@@ -85,6 +85,12 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
             tok.encode(args.system)
         except AttnlabError as e:
             raise AttnlabError(f"--system: {e}") from None
+    try:  # a context too small for the markers (and --system): refused once, not at every turn
+        fit_history(tok, [*system, {"role": "user", "content": ""}], block - max_new)
+    except AttnlabError as e:
+        raise AttnlabError(
+            f"{e} (a context of {block} tokens, {max_new} kept for the reply)"
+        ) from None
     history: list[dict[str, str]] = []
     gen = torch.Generator(device=device).manual_seed(args.seed)
     interactive = sys.stdin.isatty()
@@ -97,14 +103,17 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
         except (EOFError, KeyboardInterrupt):
             print(flush=True)
             break
-        if line == "/exit":
-            break
-        if line == "/reset":
-            history.clear()
-            print("(history cleared)")
-            continue
-        if line.startswith("/"):  # /help, or a command that does not exist: not for the model
-            print(command_help(line))
+        if line.startswith("/"):  # a command, or one that does not exist: not for the model
+            word, *extra = line.split()
+            if word in COMMANDS and extra:  # "/exit now": ending or clearing is not guessed at
+                print(f"{word} takes no arguments")
+            elif word == "/exit":
+                break
+            elif word == "/reset":
+                history.clear()
+                print("(history cleared)")
+            else:
+                print(command_help(word))
             continue
         if not line:
             continue
@@ -135,9 +144,8 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
         history += [user, {"role": "assistant", "content": reply}]
 
 
-def command_help(line: str) -> str:
+def command_help(word: str) -> str:
     """The answer to /help (or to an unknown /command): every command, one per line."""
-    word = line.split()[0]
     head = "commands:" if word == "/help" else f"unknown command {word}; the commands are:"
     return "\n".join([head, *(f"  {name:<8} {what}" for name, what in COMMANDS.items())])
 

@@ -157,15 +157,36 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) -> list[int]:
     """ChatML ids of ``messages`` plus an open assistant turn, at most ``budget`` tokens.
 
-    The oldest exchanges go first (a leading system message stays); if the latest message alone
-    is still too long, its oldest tokens are cut.
+    The oldest exchanges go first; a leading system message always stays. If the latest message
+    is still too long, the oldest tokens of its text are cut (its ChatML markers stay, so the
+    prompt keeps the shape the model was tuned on). Raises AttnlabError when the system message
+    and the markers leave no room for a single token of the latest message.
     """
-    system = list(messages[:1]) if messages and messages[0]["role"] == "system" else []
-    rest = list(messages[len(system) :])
-    while True:
-        ids, _ = encode_segments(
-            tokenizer, chatml_segments(system + rest, add_generation_prompt=True)
+
+    def encode(msgs: Sequence[Message]) -> list[int]:
+        return encode_segments(tokenizer, chatml_segments(msgs, add_generation_prompt=True))[0]
+
+    lead = 1 if len(messages) > 1 and messages[0]["role"] == "system" else 0
+    system, rest = list(messages[:lead]), list(messages[lead:])
+    latest = rest[-1:]
+    framing = len(encode(system + [{**m, "content": ""} for m in latest]))
+    if framing >= budget:
+        held = "the system message and the ChatML markers" if system else "the ChatML markers"
+        raise AttnlabError(
+            f"no room for the message: {held} take {framing} of the {budget} tokens the prompt "
+            "may have"
         )
-        if len(ids) <= budget or len(rest) <= 1:
-            return ids[-budget:]
+    while True:
+        ids = encode(system + rest)
+        if len(ids) <= budget:
+            return ids
+        if len(rest) <= 1:
+            break
         rest = rest[2:] if len(rest) > 2 else rest[-1:]
+    # the latest message alone is too long: cut the oldest tokens of its text to what fits
+    pieces = [
+        tokenizer.encode(t) for t, _ in chatml_segments(system + rest, add_generation_prompt=True)
+    ]
+    at = len(chatml_segments(system)) + 1  # its text: after its "<|im_start|>role\n"
+    pieces[at] = pieces[at][len(pieces[at]) - (budget - framing) :]
+    return [t for piece in pieces for t in piece]

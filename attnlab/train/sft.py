@@ -10,8 +10,11 @@ any run; ``resume`` rebuilds the sampler from ``sft_data``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -235,20 +238,40 @@ def start(
     resolve_device(train_config.device)  # refused before anything is written
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)
-    _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
-    weights = resize_embeddings(
-        ckpt.read_model_weights(folder, base), model_config.vocab_size, train_config.seed
+    # the trainer's own checks (the weights fit the model, the model fits the device...) read
+    # the data written first: a refusal among them takes back what was written
+    with _removed_on_failure(run):
+        _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
+        weights = resize_embeddings(
+            ckpt.read_model_weights(folder, base), model_config.vocab_size, train_config.seed
+        )
+        return Trainer.start(
+            run.path,
+            model_config,
+            train_config,
+            run.sft_data,
+            vocab_from_data=False,
+            quiet=quiet,
+            batches=sft_batches,
+            init_weights=weights,
+        )
+
+
+@contextlib.contextmanager
+def _removed_on_failure(run: RunDir) -> Iterator[None]:
+    """On any exception, remove the outermost folder this start creates: the run folder (and the
+    parents it needed), or only sft_data/ in a run folder that was there. A folder that was there
+    already stays, whatever it holds: it is not this command's to delete."""
+    created = next(
+        (p for p in [*reversed(run.path.parents), run.path, run.sft_data] if not p.exists()),
+        None,
     )
-    return Trainer.start(
-        run.path,
-        model_config,
-        train_config,
-        run.sft_data,
-        vocab_from_data=False,
-        quiet=quiet,
-        batches=sft_batches,
-        init_weights=weights,
-    )
+    try:
+        yield
+    except BaseException:  # Ctrl-C during the start too
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
 
 
 def resume(run: str | Path, overrides: list[str] | None = None, quiet: bool = False) -> Trainer:
