@@ -83,7 +83,8 @@ def config_flags_as_overrides(
 
 
 # the arguments that name a file or folder: an empty one meant the default, silently
-# (`train --data ""` trained on the embedded corpus)
+# (`train --data ""` trained on the embedded corpus); one that is not UTF-8 (a byte the
+# locale cannot decode) failed in tensorboard, JSON or tokenizers, after writing had begun
 PATH_ARGUMENTS = {
     "baseline", "ckpt", "config", "data", "folder", "meta", "model", "out", "prompt_file",
     "resume", "run", "run_a", "run_b", "target",
@@ -104,12 +105,20 @@ def typed_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> A
     return parser
 
 
-def empty_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The flag (or positional) of the typed command given an empty path, if any."""
+def path_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """Why a path given to the typed command cannot be used (empty, or not UTF-8), if any."""
     for action in typed_parser(parser, args)._actions:
         value = getattr(args, action.dest, None)
-        if action.dest in PATH_ARGUMENTS and isinstance(value, str) and not value.strip():
-            return max(action.option_strings, key=len, default=action.metavar or action.dest)
+        if action.dest not in PATH_ARGUMENTS or not isinstance(value, str):
+            continue
+        flag = max(action.option_strings, key=len, default=action.metavar or action.dest)
+        if not value.strip():
+            return f"{flag} is empty; name a file or folder"
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # bytes the locale could not decode arrive as surrogates
+            shown = os.fsencode(value).decode(errors="backslashreplace")
+            return f"{flag} {shown} is not valid UTF-8; name a file or folder in UTF-8"
     return None
 
 
@@ -133,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         config_flags_as_overrides(parser, args, extra)
     name = " ".join(command_path(args))
-    flag = empty_path(parser, args)
-    if flag is not None:
-        print(f"attnlab {name}: error: {flag} is empty; name a file or folder", file=sys.stderr)
+    problem = path_problem(parser, args)
+    if problem is not None:
+        print(f"attnlab {name}: error: {problem}", file=sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)

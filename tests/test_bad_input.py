@@ -99,24 +99,35 @@ def test_bad_train_config(attnlab, tiny_data: Path, tmp_path: Path, args, expect
     assert not (tmp_path / "run").exists()
 
 
+EMPTY = "{} is empty; name a file or folder"
+NOT_UTF8 = "{} is not valid UTF-8; name a file or folder in UTF-8"
+
+
 @pytest.mark.parametrize(
-    ("args", "flag"),
+    ("args", "expected"),
     [
-        (["train", "--data", ""], "--data"),  # trained on the embedded corpus instead
-        (["train", "--config", " "], "--config"),
-        (["sample", ""], "RUN_OR_FOLDER"),
-        (["export", "RUN", "--out", ""], "--out"),
-        (["analyze", "per-position", "", "B"], "RUN_A"),
+        (["train", "--data", ""], EMPTY.format("--data")),  # trained on the embedded corpus
+        (["train", "--config", " "], EMPTY.format("--config")),
+        (["sample", ""], EMPTY.format("RUN_OR_FOLDER")),
+        (["export", "RUN", "--out", ""], EMPTY.format("--out")),
+        (["analyze", "per-position", "", "B"], EMPTY.format("RUN_A")),
+        # argv's byte 0xff, as Python hands it on: train made the run folder, then tensorboard
+        # died encoding its path (a UnicodeEncodeError)
+        (["train", "--out", "r\udcff", *TINY], NOT_UTF8.format("--out r\\xff")),
+        (["sample", "a\udcffb"], NOT_UTF8.format("RUN_OR_FOLDER a\\xffb")),
     ],
 )
-def test_an_empty_path_is_refused(attnlab, tmp_path: Path, monkeypatch, args, flag):
-    """An empty path meant the default (or the current folder), silently."""
+def test_an_empty_or_undecodable_path_is_refused(
+    attnlab, tmp_path: Path, monkeypatch, args, expected
+):
+    """An empty path meant the default (or the current folder), silently; one that is not UTF-8
+    failed after writing had begun."""
     from test_folder_safety import snapshot
 
     monkeypatch.chdir(tmp_path)
     before = snapshot(tmp_path)
     p = attnlab(*args)
-    assert error_line(p, command_name(args)) == f"{flag} is empty; name a file or folder"
+    assert error_line(p, command_name(args)) == expected
     assert snapshot(tmp_path) == before
 
 
@@ -229,6 +240,32 @@ def test_prompt_outside_the_char_vocabulary(model_dir: Path):  # noqa: F811
         "2",
     )
     assert error_line(p, "sample") == "2 character(s) not in the vocabulary: '\u20ac', '\u2603'"
+
+
+def test_sample_without_a_prompt_starts_a_bpe_run_where_demo_does(attnlab, tmp_path: Path):
+    """The default prompt, a newline, encoded to no tokens with a bpe tokenizer (whitespace is
+    no token there): sample refused every bpe run unless given --prompt."""
+    from attnlab import from_pretrained
+    from attnlab.data.prepare import load_dataset, prepare
+    from attnlab.train.checkpoint import write_model_folder
+
+    (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question\n" * 40)
+    data = prepare([str(tmp_path / "corpus.txt")], "bpe", 40, tmp_path / "data")
+    run = tmp_path / "run"
+    assert attnlab("train", "--data", str(data), "--out", str(run), *TINY).returncode == 0
+    p = attnlab("sample", str(run), "--max-new-tokens", "2", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    dataset = load_dataset(data)
+    assert p.stdout.startswith(dataset.tokenizer.decode([int(dataset.val[0])]))
+    # a model folder keeps no data to start from: one line that names the way out
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_model_folder(folder, *from_pretrained(run))
+    p = attnlab("sample", str(folder), "--max-new-tokens", "2", "--device", "cpu")
+    assert error_line(p, "sample") == (
+        f"the tokenizer of {folder} has no token for a newline, the default prompt, and no run "
+        "data to start from; give --prompt"
+    )
 
 
 @pytest.fixture
@@ -1020,12 +1057,23 @@ def test_sft_names_a_record_value_of_the_wrong_type(attnlab, model_dir: Path, tm
     assert snapshot(tmp_path) == before
 
 
-def test_presets_fields_with_a_name_is_refused(attnlab):
+@pytest.mark.parametrize("name", ["shakespeare-chr", ""])
+def test_presets_fields_with_a_name_is_refused(attnlab, name):
     """It printed every field and ignored the name (so a typo in it went unnoticed)."""
-    assert error_line(attnlab("presets", "--fields", "shakespeare-chr"), "presets") == (
-        "--fields lists the fields of every preset; drop shakespeare-chr (or drop --fields to "
+    assert error_line(attnlab("presets", "--fields", name), "presets") == (
+        f"--fields lists the fields of every preset; drop {name!r} (or drop --fields to "
         "show that preset)"
     )
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_presets_with_an_empty_name_matches_nothing(attnlab, name):
+    """An empty name listed every preset, as if none had been given."""
+    from attnlab.presets import PRESETS
+
+    p = attnlab("presets", name)
+    assert error_line(p, "presets") == f"unknown preset {name!r} (known: {', '.join(PRESETS)})"
+    assert p.stdout == ""
 
 
 @pytest.mark.parametrize("argv", [["presets", "--fields"], ["study", "--list"]])
@@ -1097,7 +1145,15 @@ def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path,
     ("argv", "expected"),
     [(["train", "--steps", "0"], "--steps must be at least 1, got 0"),  # it said "--reps 0"
      (["overhead", "--batch", "0"], "--batch must be at least 1, got 0"),  # timed empty batches
-     (["generate", "--warmup", "-1"], "--warmup must be at least 0, got -1")],  # ran as 0
+     (["generate", "--warmup", "-1"], "--warmup must be at least 0, got -1"),  # ran as 0
+     # refused by the timer, after the progress lines
+     (["overhead", "--quick", "--reps", "0"], "--reps must be at least 1, got 0"),
+     (["overhead", "--quick", "--widths", ""],  # wrote an empty table
+      "--widths must be comma-separated integers >= 1, got ''"),
+     (["overhead", "--quick", "--widths", "0,16"],  # printed the smoke-test line first
+      "--widths must be comma-separated integers >= 1, got '0,16'"),
+     (["overhead", "--widths", "16,x"],
+      "--widths must be comma-separated integers >= 1, got '16,x'")],
 )  # fmt: skip
 def test_bench_counts_below_their_least_get_one_line(attnlab, tmp_path: Path, argv, expected):
     from test_folder_safety import snapshot

@@ -199,6 +199,10 @@ ITOS_ERROR = "{path}: expected a dict with 'itos' mapping ids 0..n-1 to characte
         ({"itos": {0: "a", 1: "bc"}}, "{path}: char vocabulary must be distinct single characters"),
         ({"itos": {0: "a", 1: 7}}, "{path}: char vocabulary must be distinct single characters"),
         ({"itos": {0: "a", 1: "a"}}, "{path}: char vocabulary must be distinct single characters"),
+        (  # a TypeError from the tokenizers library
+            {"itos": {0: "a", 1: "\ud800"}},
+            "{path}: char vocabulary holds U+D800, a lone surrogate UTF-8 cannot encode",
+        ),
     ],
 )
 def test_odd_meta_pkl_gets_one_line(tmp_path: Path, meta, expected) -> None:

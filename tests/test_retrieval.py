@@ -1,6 +1,7 @@
 """Synthetic retrieval: analytic baselines, trained models, determinism and the CLI."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from attnlab.analysis.retrieval import (
     Converged,
     bayes_accuracy,
     check_memory,
+    draw_queries,
     make_patterns,
     memory_needed,
     retrieval_loss,
@@ -29,9 +31,28 @@ def test_bayes_matches_paper_ceiling() -> None:
     accs = []
     for seed in range(4):
         patterns = make_patterns(4, 16, torch.Generator().manual_seed(seed))
-        q, labels = sample_queries(patterns, 50_000, 0.5, torch.Generator().manual_seed(99))
-        accs.append(bayes_accuracy(patterns, q, labels, 0.5))
+        labels, noise = draw_queries(patterns, 50_000, torch.Generator().manual_seed(99))
+        accs.append(bayes_accuracy(patterns, labels, noise, 0.5))
     assert sum(accs) / len(accs) == pytest.approx(80.7, abs=2.5)
+
+
+@pytest.mark.parametrize("sigma", [1e-20, 1e-300, 0.5, 3.0, 1e200, 1e308])
+def test_bayes_accuracy_is_the_two_pattern_closed_form_at_any_sigma(sigma) -> None:
+    # Two patterns: the optimal rule errs when the noise along their difference passes
+    # the midpoint, so the accuracy is Phi(|p0 - p1| / (2 sigma)). A tiny sigma once
+    # overflowed 1 / sigma^2 (NaN posteriors, below chance) and a huge one raised.
+    patterns = make_patterns(2, 8, torch.Generator().manual_seed(0))
+    labels, noise = draw_queries(patterns, 20_000, torch.Generator().manual_seed(1))
+    z = (patterns[0] - patterns[1]).norm().item() / (2 * sigma)
+    expected = 50.0 * (1 + math.erf(z / math.sqrt(2)))
+    assert bayes_accuracy(patterns, labels, noise, sigma) == pytest.approx(expected, abs=1.0)
+
+
+@pytest.mark.parametrize("protocol", ["released", "attnlab"])
+def test_bayes_is_perfect_at_tiny_sigma_and_chance_at_huge(protocol) -> None:
+    kwargs = {"queries": 4000, "protocol": protocol}
+    assert run_retrieval(8, 4, 1e-20, ["bayes"], **kwargs) == {"bayes": 100.0}
+    assert run_retrieval(8, 4, 1e200, ["bayes"], **kwargs)["bayes"] == pytest.approx(25, abs=2.5)
 
 
 def test_random_is_one_over_k() -> None:
@@ -187,6 +208,8 @@ def test_memory_needed_by_formula() -> None:
     # released: no eval set held; bayes 1000 + 300; boosted's 2 rounds: 4 * 600 + 6656
     assert memory_needed(d, k, ["bayes", "boosted"], 2, q, "released") == 4 * (30 + 9056)
     assert memory_needed(d, k, ["random"], 2, q, "released") == 4 * 30  # draws no queries
+    # bayes draws its own noise beside attnlab's eval set: 1000 + 300 on top of 30 + 1000
+    assert memory_needed(d, k, ["bayes"], 2, q, "attnlab") == 4 * (30 + 1000 + 1300)
     # a large query set: scoring (weights, query set, outputs, logits) is the peak
     assert memory_needed(d, k, ["one-step"], 2, 10**6, "released") == 4 * (
         30 + 300 + 10**7 + 10**6 * 13

@@ -70,12 +70,19 @@ def make_patterns(patterns: int, d: int, generator: torch.Generator | None) -> T
     return Fn.normalize(torch.randn(patterns, d, generator=generator), dim=-1)
 
 
+def draw_queries(
+    patterns: Tensor, n: int, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Labels i of ``n`` queries and their unit Gaussian noise (labels drawn first)."""
+    labels = torch.randint(patterns.shape[0], (n,), generator=generator)
+    return labels, torch.randn(n, patterns.shape[1], generator=generator)
+
+
 def sample_queries(
     patterns: Tensor, n: int, sigma: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
     """``n`` noisy queries (pattern i + sigma * N(0, I)) and their labels i (labels drawn first)."""
-    labels = torch.randint(patterns.shape[0], (n,), generator=generator)
-    noise = torch.randn(n, patterns.shape[1], generator=generator)
+    labels, noise = draw_queries(patterns, n, generator)
     return patterns[labels] + sigma * noise, labels
 
 
@@ -85,14 +92,20 @@ def nearest_pattern_accuracy(outputs: Tensor, patterns: Tensor, labels: Tensor) 
     return 100.0 * (nearest == labels).double().mean().item()
 
 
-def bayes_accuracy(patterns: Tensor, queries: Tensor, labels: Tensor, sigma: float) -> float:
-    """Accuracy of the Bayes-optimal classifier: argmax of softmax(patterns . query / sigma^2).
+def bayes_accuracy(patterns: Tensor, labels: Tensor, noise: Tensor, sigma: float) -> float:
+    """Accuracy of the Bayes-optimal classifier on the queries ``patterns[labels] + sigma * noise``.
 
-    With equal-norm patterns and a uniform prior this is the exact posterior over i, i.e. one
-    attention step with identity projections and beta = 1 / sigma^2.
+    With equal-norm patterns and a uniform prior the posterior over i is
+    softmax(patterns . query / sigma^2), i.e. one attention step with identity projections and
+    beta = 1 / sigma^2. Only its argmax is needed, and that is the argmax of the scores
+    patterns . query times any positive number, so the posterior is never formed (1 / sigma^2
+    overflows for a tiny sigma) and the query is taken divided by max(1, sigma) (sigma * noise
+    overflows for a huge one): a tiny sigma scores 100%, a huge one chance.
     """
-    posterior = torch.softmax(queries @ patterns.T / sigma**2, dim=-1)
-    return 100.0 * (posterior.argmax(dim=-1) == labels).double().mean().item()
+    scale = max(1.0, sigma)
+    queries = patterns[labels] / scale + (sigma / scale) * noise
+    decision = (queries @ patterns.T).argmax(dim=-1)
+    return 100.0 * (decision == labels).double().mean().item()
 
 
 class AttentionStep(nn.Module):
@@ -329,8 +342,9 @@ def run_retrieval(
     for method in methods:
         if method == "random":
             results[method] = 100.0 / patterns
-        elif method == "bayes":
-            results[method] = bayes_accuracy(stored, eval_q, eval_labels, sigma)
+        elif method == "bayes":  # the same draws as eval_q, kept apart from sigma
+            labels, noise = draw_queries(stored, queries, _generator(seed, EVAL_STREAM))
+            results[method] = bayes_accuracy(stored, labels, noise, sigma)
         else:
             # Same initial weights and training batches for every trained method.
             with torch.random.fork_rng(devices=[]):
@@ -351,17 +365,17 @@ def memory_needed(
 
     Always the patterns (K x d); under the attnlab protocol the evaluation queries (queries x d)
     for the whole run, under the released one a query set drawn per scored method. Then the
-    largest of the methods, which run one after another: bayes holds the query set and one
-    posterior per query and pattern; a trained method's ``s`` attention steps (``3 d^2``
-    weights each; ``s`` = rounds for boosted) are held four times while training (weights,
-    gradients, Adam's two moments) beside a batch of queries and its logits, and once while
-    scoring beside the query set, the outputs and the logits.
+    largest of the methods, which run one after another: bayes draws its own noise (queries x d,
+    under either protocol) and holds one score per query and pattern; a trained method's ``s``
+    attention steps (``3 d^2`` weights each; ``s`` = rounds for boosted) are held four times
+    while training (weights, gradients, Adam's two moments) beside a batch of queries and its
+    logits, and once while scoring beside the query set, the outputs and the logits.
     """
     query_set = 0 if protocol == "attnlab" else queries * d
     peak = 0
     for method in methods:
         if method == "bayes":
-            peak = max(peak, query_set + queries * patterns)
+            peak = max(peak, queries * d + queries * patterns)
         elif method not in UNTRAINED:
             weights = 3 * d * d * (rounds if method == "boosted" else 1)
             training = 4 * weights + BATCH * (d + patterns)
@@ -417,8 +431,8 @@ def _run_released(
             if method == "random":
                 results[method] = 100.0 / patterns
             elif method == "bayes":  # not in the scripts: scored off the stream, on its own draw
-                q, labels = sample_queries(stored, queries, sigma, _generator(seed, EVAL_STREAM))
-                results[method] = bayes_accuracy(stored, q, labels, sigma)
+                labels, noise = draw_queries(stored, queries, _generator(seed, EVAL_STREAM))
+                results[method] = bayes_accuracy(stored, labels, noise, sigma)
             else:
                 model = _build(method, d, rounds, gate)
                 own = training_loss("released", method, loss)

@@ -71,6 +71,7 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
     """Train the demo model in ``run_dir``, printing what the README promises."""
     import torch
 
+    from attnlab.data.prepare import start_tokens
     from attnlab.train.trainer import Trainer
 
     trainer = Trainer.start(
@@ -87,8 +88,7 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
         f"{summary['tokens_per_s']:.0f} tokens/s"
     )
     gen = torch.Generator(device=trainer.device).manual_seed(1337)
-    # a newline, or where the tokenizer has no token for one alone (BPE), the first val token
-    start = trainer.data.tokenizer.encode("\n") or [int(trainer.data.val[0])]
+    start = start_tokens(trainer.data.tokenizer, trainer.data.dir)
     prompt = torch.tensor([start], device=trainer.device)
     sample = trainer.model.generate(prompt, 400, temperature=0.8, top_k=50, generator=gen)
     print(

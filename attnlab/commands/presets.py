@@ -68,14 +68,15 @@ def preset_lines(name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.fields and args.name:  # --fields lists every field, whatever the name
+    if args.fields and args.name is not None:  # --fields lists every field, whatever the name
         raise AttnlabError(
-            f"--fields lists the fields of every preset; drop {args.name} (or drop --fields to "
+            f"--fields lists the fields of every preset; drop {args.name!r} (or drop --fields to "
             "show that preset)"
         )
     if args.fields:
         print("\n".join(field_table()))
         return 0
-    for i, name in enumerate([args.name] if args.name else PRESETS):
+    # an empty name is a name that matches nothing (it listed every preset)
+    for i, name in enumerate(PRESETS if args.name is None else [args.name]):
         print(("\n" if i else "") + "\n".join(preset_lines(name)))
     return 0

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnlab.errors import AttnlabError
+
+if TYPE_CHECKING:
+    from attnlab.data.tokenizer import Tokenizer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="RUN_OR_FOLDER")
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    prompt.add_argument(
+        "--prompt",
+        help="text to continue (default: a newline; for a bpe run, which has no token for one, "
+        "the first token of its validation data)",
+    )
     prompt.add_argument("--prompt-file", metavar="FILE", help="continue the text of FILE (UTF-8)")
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -53,14 +61,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def read_prompt(args: argparse.Namespace) -> str:
-    """--prompt, or the text of --prompt-file."""
+def read_prompt(args: argparse.Namespace) -> str | None:
+    """--prompt, or the text of --prompt-file (None: neither given)."""
     if args.prompt_file is None:
         return args.prompt
     try:
         return Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise AttnlabError(f"--prompt-file {args.prompt_file}: {e}") from None
+
+
+def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids; without one, where demo starts (a newline, or for bpe the first
+    token of the run's validation data)."""
+    from attnlab.data.prepare import start_tokens
+    from attnlab.rundir import run_data_dir
+
+    prompt = read_prompt(args)
+    if prompt is not None:
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise AttnlabError("the prompt encodes to no tokens")
+        return ids
+    ids = start_tokens(tokenizer, run_data_dir(args.model))
+    if not ids:  # a model folder keeps no data to start from
+        raise AttnlabError(
+            f"the tokenizer of {args.model} has no token for a newline, the default prompt, "
+            "and no run data to start from; give --prompt"
+        )
+    return ids
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer = from_pretrained(args.model, device=device)
     if tokenizer is None:
         raise AttnlabError(f"{args.model} has no tokenizer.json; cannot encode a prompt")
-    ids = tokenizer.encode(read_prompt(args))
-    if not ids:
-        raise AttnlabError("the prompt encodes to no tokens")
+    ids = prompt_ids(args, tokenizer)
     if args.compile:
         model = compile_announced(model)
     gen = torch.Generator(device=device).manual_seed(args.seed)

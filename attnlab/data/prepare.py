@@ -259,6 +259,16 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
+def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]:
+    """Where sampling starts when no prompt is given: a newline; where the tokenizer has no token
+    for one alone (bpe drops whitespace), the first validation token of ``data_dir``; [] when
+    neither exists (no data folder known)."""
+    ids = tokenizer.encode("\n")
+    if ids or data_dir is None:
+        return ids
+    return [int(load_dataset(data_dir).val[0])]
+
+
 def load_dataset(data_dir: str | Path | None = None) -> Dataset:
     """Load a prepared folder; ``None`` is the embedded char corpus, prepared on first use."""
     if data_dir is None:

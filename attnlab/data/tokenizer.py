@@ -110,6 +110,13 @@ class Tokenizer:
             chars
         ):
             raise AttnlabError("char vocabulary must be distinct single characters")
+        # the tokenizers library takes only UTF-8: a lone surrogate was a TypeError deep inside it
+        lone = next((c for c in chars if "\ud800" <= c <= "\udfff"), None)
+        if lone is not None:
+            code = f"U+{ord(lone):04X}"
+            raise AttnlabError(
+                f"char vocabulary holds {code}, a lone surrogate UTF-8 cannot encode"
+            )
         hf = tokenizers.Tokenizer(
             models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_CHAR_UNK)
         )

@@ -27,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         benchmark.set_defaults(func=checking_device(benchmark.get_default("func")))
 
 
-# the counts a benchmark takes, with their least sensible value (--batch 0 timed empty batches)
-LEAST = {"steps": 1, "batch": 1, "warmup": 0}
+# the counts a benchmark takes, with their least sensible value (--batch 0 timed empty batches;
+# --reps 0 was refused by the timer, after the progress lines)
+LEAST = {"steps": 1, "batch": 1, "reps": 1, "warmup": 0}
 
 
 def checking_device(func: Callable[[argparse.Namespace], int]) -> Callable:

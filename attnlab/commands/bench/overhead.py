@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts["widths"] = [int(w) for w in opts["widths"].split(",") if w.strip()]
     except ValueError:
-        raise AttnlabError(
-            f"--widths must be comma-separated integers, got {args.widths!r}"
-        ) from None
+        opts["widths"] = []
+    if not opts["widths"] or min(opts["widths"]) < 1:  # none at all wrote an empty table
+        raise AttnlabError(f"--widths must be comma-separated integers >= 1, got {args.widths!r}")
     opts["n_head"] = opts.pop("heads")
     if args.quick:
         print(SMOKE)
