@@ -87,15 +87,22 @@ def _greedy_reply(model: GPT, tok: Tokenizer, messages: list[dict[str, str]], ma
     return tok.decode(reply[: stops[0]] if stops else reply)
 
 
-def test_chat_through_a_pipe(tmp_path: Path) -> None:
+def _saved_model_and_replies(folder: Path) -> tuple[str, str]:
+    """Save a tiny chat model in ``folder``; its greedy replies to "who are you?" asked once, then
+    again after its first reply (different, so an output shows whether history was kept)."""
     tok = chat_tokenizer()
     torch.manual_seed(0)
     model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=128)).eval()
-    save_checkpoint(tmp_path / "model", model, tok)
+    save_checkpoint(folder, model, tok)
     user = {"role": "user", "content": "who are you?"}
     first = _greedy_reply(model, tok, [user], 12)
     second = _greedy_reply(model, tok, [user, {"role": "assistant", "content": first}, user], 12)
-    assert first != second  # the history matters, so the check below can tell it was kept
+    assert first != second
+    return first, second
+
+
+def test_chat_through_a_pipe(tmp_path: Path) -> None:
+    first, second = _saved_model_and_replies(tmp_path / "model")
 
     proc = run_cli(
         "chat",
@@ -136,14 +143,7 @@ def test_a_command_with_an_argument_gets_a_usage_hint(
 ) -> None:
     """`/exit now` said "unknown command /exit"; quitting or clearing on a guess loses the
     conversation, so a command given an argument does nothing but say how it is used."""
-    tok = chat_tokenizer()
-    torch.manual_seed(0)
-    model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=128)).eval()
-    save_checkpoint(tmp_path / "model", model, tok)
-    user = {"role": "user", "content": "who are you?"}
-    first = _greedy_reply(model, tok, [user], 12)
-    second = _greedy_reply(model, tok, [user, {"role": "assistant", "content": first}, user], 12)
-    assert first != second  # so the output tells whether the history was kept
+    first, second = _saved_model_and_replies(tmp_path / "model")
     lines = "who are you?\n/reset all\n/exit now\n/help me\nwho are you?\n/exit\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(lines))
     p = attnlab("chat", str(tmp_path / "model"), "--temperature", "0", "--max-new-tokens", "12")
