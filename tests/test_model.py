@@ -63,8 +63,12 @@ def test_cached_decoding_equals_full_recompute(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["vanilla", "gqa-rope-rms-swiglu"])
 def test_decoding_honours_hooks_replaced_submodules_and_parametrized_weights(name: str) -> None:
-    """The forwards read submodules from nn.Module's registry (see layers.py): a forward hook
-    still fires, a reassigned submodule is the one called, a parametrized norm weight is used."""
+    """The forwards read submodules and parameters from nn.Module's registries (see layers.py):
+    a forward hook still fires, a reassigned submodule or parameter is the one used, and so is a
+    weight that parametrize or the old weight_norm (a plain attribute a pre-hook recomputes) took
+    out of the registry."""
+    import warnings
+
     from torch.nn.utils import parametrize
 
     class Double(torch.nn.Module):
@@ -77,8 +81,20 @@ def test_decoding_honours_hooks_replaced_submodules_and_parametrized_weights(nam
     block.attn.c_attn.register_forward_hook(lambda *_: calls.append(1))
     block.mlp = ref_block.mlp = build(seed=1, **CONFIGS[name]).transformer.h[1].mlp
     parametrize.register_parametrization(block.ln_2, "weight", Double())
+    parametrize.register_parametrization(block.attn.c_proj, "weight", Double())
+    last, ref_last = model.transformer.h[1], reference.transformer.h[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated, and still in use
+        torch.nn.utils.weight_norm(last.attn.c_attn)
+    last.mlp.c_proj.weight = torch.nn.Parameter(3 * last.mlp.c_proj.weight.detach())
     with torch.no_grad():
         ref_block.ln_2.weight.mul_(2)
+        ref_block.attn.c_proj.weight.mul_(2)
+        last.attn.c_attn.weight_g.mul_(5)
+        ref_last.attn.c_attn.weight.copy_(
+            torch._weight_norm(last.attn.c_attn.weight_v, last.attn.c_attn.weight_g, 0)
+        )
+        ref_last.mlp.c_proj.weight.mul_(3)
     idx = torch.zeros((1, 1), dtype=torch.long)
     tokens = model.generate(idx, 4, temperature=0.0)
     assert len(calls) == 4  # the prompt and three cached steps

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.layers import rotate
+from attnlab.model.layers import Linear, rotate
 from attnlab.model.mechanisms import attach
 
 
@@ -159,9 +159,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, int(config.n_kv_head or config.n_head)
         self.n_embd, self.kv_dim, self.head_dim = config.n_embd, config.kv_dim, config.head_dim
         self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
         self.qkv_sizes = [config.n_embd, config.kv_dim, config.kv_dim]
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.hooks = attach(self, config, "attn")
         self.core_hook = self.hooks["core"][0] if self.hooks["core"] else None

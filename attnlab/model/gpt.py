@@ -19,7 +19,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.model.attention import CausalSelfAttention, Context, KVCache, padding_mask
 from attnlab.model.generation import generate
-from attnlab.model.layers import Rotary, make_mlp, make_norm
+from attnlab.model.layers import Linear, Rotary, make_mlp, make_norm
 from attnlab.model.mechanisms import attach, attention_passes
 
 
@@ -80,7 +80,7 @@ class GPT(nn.Module):
         modules["h"] = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         modules["ln_f"] = make_norm(config)
         self.transformer = nn.ModuleDict(modules)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             # nanoGPT ties this way round; its init then draws wte's values a second time via lm_head
             self.transformer.wte.weight = self.lm_head.weight

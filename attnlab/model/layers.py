@@ -4,11 +4,13 @@ Module and parameter names follow nanoGPT (``c_fc``, ``c_proj``, ``weight``/``bi
 checkpoints line up and the ``c_proj.weight`` scaled init applies to every residual projection.
 
 The forwards that run once per layer and decoded token read their submodules from
-``self._modules``, the registry nn.Module's own ``__getattr__`` reads: ``self.c_fc`` first fails
-the normal attribute lookup (building an AttributeError) before ``__getattr__`` finds it, a cost
-per access that adds up to a large share of a small model's decoding step. Reassigning a
-submodule still works (it updates the registry). Parameters are read as attributes: tools such
-as weight_norm and parametrize take them out of ``_parameters``.
+``self._modules`` and their parameters from ``self._parameters``, the registries nn.Module's own
+``__getattr__`` reads: ``self.c_fc`` or ``self.weight`` first fails the normal attribute lookup
+(building an AttributeError) before ``__getattr__`` finds it, a cost per access that adds up to a
+large share of a small model's decoding step. Reassigning a submodule or parameter still works
+(it updates the registry); a parameter that weight_norm or parametrize took out of the registry
+is read as the attribute it became (``p["weight"] if "weight" in p else self.weight``). Every
+projection is ``Linear`` for the same reason: nn.Linear's forward reads ``self.weight``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import ModelConfig
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose forward reads its weight and bias from the registry (see above)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self._parameters  # inline, not a helper: a function call per read costs a few %
+        weight = p["weight"] if "weight" in p else self.weight
+        return F.linear(x, weight, p["bias"] if "bias" in p else self.bias)
 
 
 class LayerNorm(nn.Module):
@@ -31,7 +42,11 @@ class LayerNorm(nn.Module):
         self.shape = (ndim,)  # a plain tuple: cheaper per call than reading weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        p = self._parameters  # (see the module docstring)
+        weight = p["weight"] if "weight" in p else self.weight
+        return F.layer_norm(
+            x, self.shape, weight, p["bias"] if "bias" in p else self.bias, self.eps
+        )
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +59,8 @@ class RMSNorm(nn.Module):
         self.shape = (ndim,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.shape, self.weight, self.eps)
+        p = self._parameters  # (see the module docstring)
+        return F.rms_norm(x, self.shape, p["weight"] if "weight" in p else self.weight, self.eps)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -60,10 +76,10 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d_ffn = int(config.d_ffn or 4 * config.n_embd)
-        self.c_fc = nn.Linear(config.n_embd, d_ffn, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, d_ffn, bias=config.bias)
         # the function, not nn.GELU: one module call fewer per layer and decoded token
         self.approximate = "tanh" if config.mlp == "gelu_tanh" else "none"
-        self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
+        self.c_proj = Linear(d_ffn, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,8 +94,8 @@ class SwiGLU(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d_ffn = int(config.d_ffn or 4 * config.n_embd)
-        self.c_fc = nn.Linear(config.n_embd, 2 * d_ffn, bias=config.bias)
-        self.c_proj = nn.Linear(d_ffn, config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, 2 * d_ffn, bias=config.bias)
+        self.c_proj = Linear(d_ffn, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.model.layers import Linear
+
 GATE_KINDS = ("none", "scalar", "linear", "mlp")
 
 MLP_HIDDEN = 32
@@ -40,7 +42,7 @@ class LinearGate(nn.Module):
 
     def __init__(self, dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.proj = nn.Linear(2 * dim, dim, bias=bias)
+        self.proj = Linear(2 * dim, dim, bias=bias)
 
     def forward(self, F: Tensor, c: Tensor, entropy: Tensor | None = None) -> Tensor:
         return torch.sigmoid(self.proj(torch.cat([F, c], dim=-1)))
@@ -52,9 +54,9 @@ class MLPGate(nn.Module):
     def __init__(self, dim: int, bias: bool = True) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(2 * dim + 1, MLP_HIDDEN, bias=bias),
+            Linear(2 * dim + 1, MLP_HIDDEN, bias=bias),
             nn.GELU(),
-            nn.Linear(MLP_HIDDEN, dim, bias=bias),
+            Linear(MLP_HIDDEN, dim, bias=bias),
         )
 
     def forward(self, F: Tensor, c: Tensor, entropy: Tensor | None = None) -> Tensor:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.functional import linear
 
 from attnlab.config import ModelConfig
+from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 from attnlab.model.mechanisms.boost_gates import make_gate
 
@@ -43,7 +44,7 @@ class BoostRound(nn.Module):
         super().__init__()
         self.n_embd, self.kv_dim = config.n_embd, config.kv_dim
         self.kv_from_input = config.boost_kv_source == "input"
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, config.n_embd + 2 * config.kv_dim, bias=config.bias)
         self.gate = make_gate(config.boost_gate, config.n_embd, config.bias)
 
     def qkv(self, r: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

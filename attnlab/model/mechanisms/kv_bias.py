@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 
 
@@ -30,7 +31,7 @@ def previous_m(like: torch.Tensor, ctx) -> torch.Tensor:
     return torch.zeros_like(like) if m is None else m
 
 
-class KVBias(nn.Linear):
+class KVBias(Linear):
     """attn.W_kvm: M_prev -> (k bias, v bias)."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -53,7 +54,7 @@ class KVBias(nn.Linear):
         return q, k + km, v + vm
 
 
-class PurposeGate(nn.Linear):
+class PurposeGate(Linear):
     """W_gm at block level: GRU-style update of M from the MLP input h."""
 
     def __init__(self, config: ModelConfig) -> None:

@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part
 
 
-class ValueGate(nn.Linear):
+class ValueGate(Linear):
     """attn.W_E: the value-gate projection."""
 
     def __init__(self, config: ModelConfig) -> None:
