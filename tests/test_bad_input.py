@@ -1153,7 +1153,9 @@ def test_bench_export_refuses_a_prompt_length_below_one(attnlab, tmp_path: Path,
      (["overhead", "--quick", "--widths", "0,16"],  # printed the smoke-test line first
       "--widths must be comma-separated integers >= 1, got '0,16'"),
      (["overhead", "--widths", "16,x"],
-      "--widths must be comma-separated integers >= 1, got '16,x'")],
+      "--widths must be comma-separated integers >= 1, got '16,x'"),
+     (["generate", "--quick", "--tokens", "2"],  # printed the smoke-test line first
+      "--tokens must be at least 4 (to compare quarters), got 2")],
 )  # fmt: skip
 def test_bench_counts_below_their_least_get_one_line(attnlab, tmp_path: Path, argv, expected):
     from test_folder_safety import snapshot

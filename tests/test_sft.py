@@ -177,8 +177,12 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
     pre, _ = train_tiny(tmp_path / "pre", max_iters=2, eval_interval=2, eval_iters=1)
     data = tmp_path / "pairs.jsonl"
     _write_pairs(data)
+    with data.open("a") as f:  # a character the tiny corpus has not: dropped, and said so
+        f.write(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n")
     over = ["max_iters=10", "eval_interval=5", "eval_iters=2", "batch_size=4", "warmup_iters=2"]
     trainer = sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over, quiet=True)
+    dropped = "attnlab sft: dropped records: {'unencodable': 1, 'no trained token': 0}\n"
+    assert capsys.readouterr().err == dropped
     vocab = pre.model_config.vocab_size
     assert trainer.model_config.vocab_size == vocab + 2
     wte = trainer.model.transformer.wte.weight
@@ -299,9 +303,12 @@ def test_a_refused_sft_leaves_nothing_behind(
     expected: str,
 ):
     """A check of the trainer's that failed left OUT/sft_data/ (and OUT) behind. A folder the
-    command found (here an empty one) stays."""
+    command found (here an empty one) stays. A record it drops is reported only once the run
+    has started (a second stderr line above the error, before)."""
     data = tmp_path / "pairs.jsonl"
     _write_pairs(data)
+    with data.open("a") as f:  # a character the tiny corpus has not: dropped as unencodable
+        f.write(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n")
     (tmp_path / "empty").mkdir()
     before = snapshot(tmp_path)
     p = attnlab(

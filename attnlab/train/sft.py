@@ -151,8 +151,9 @@ def _write_data(
     chat: bool,
     block_size: int,
     source: str,
-) -> None:
-    """The run's SFT data folder: a loadable prepared folder plus the records it was made of."""
+) -> dict[str, int]:
+    """The run's SFT data folder: a loadable prepared folder plus the records it was made of;
+    returns how many records were dropped, and why."""
     _, indices, dropped = encode_examples(records, tokenizer, chat, block_size)
     kept = [records[i] for i in indices]
     if len(kept) < 2:
@@ -160,8 +161,6 @@ def _write_data(
             f"{source}: {len(kept)} usable record(s) (need 2: train and validation); "
             f"dropped {dropped}"
         )
-    if any(dropped.values()):
-        print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
     splits = {"val": kept[VAL_EVERY - 1 :: VAL_EVERY] or kept[-1:]}
     held = {id(r) for r in splits["val"]}
     splits["train"] = [r for r in kept if id(r) not in held]
@@ -183,6 +182,7 @@ def _write_data(
     tokenizer.save(folder / "tokenizer.json")
     write_json(folder / "meta.json", meta)
     write_json(folder / SFT_FILE, {"chat": chat, "source": source})
+    return dropped
 
 
 def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -241,11 +241,13 @@ def start(
     # the trainer's own checks (the weights fit the model, the model fits the device...) read
     # the data written first: a refusal among them takes back what was written
     with _removed_on_failure(run):
-        _write_data(run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path))
+        dropped = _write_data(
+            run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path)
+        )
         weights = resize_embeddings(
             ckpt.read_model_weights(folder, base), model_config.vocab_size, train_config.seed
         )
-        return Trainer.start(
+        trainer = Trainer.start(
             run.path,
             model_config,
             train_config,
@@ -255,6 +257,9 @@ def start(
             batches=sft_batches,
             init_weights=weights,
         )
+    if any(dropped.values()):  # once it started: a refused start prints its one line alone
+        print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
+    return trainer
 
 
 @contextlib.contextmanager

@@ -45,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
     cfg, _ = train.bench_config(args.preset)
     chosen = sizes(args, FULL, QUICK)
     tokens, reps = chosen["tokens"], chosen["reps"]
+    if tokens < 4:  # before any output, the smoke-test line included
+        raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")
     if args.quick:
         q = QUICK_MODEL
         cfg = overhead.with_width(cfg, q["n_embd"], n_layer=q["n_layer"], n_head=q["n_head"])
         print(SMOKE)
-    if tokens < 4:
-        raise AttnlabError(f"--tokens must be at least 4 (to compare quarters), got {tokens}")
     rows, missing = generate.measure(
         cfg, tokens, reps, args.warmup, args.device, compile=args.compile
     )
