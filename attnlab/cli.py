@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except AttnlabError as e:  # anything else is a bug: let its traceback show
         if args.debug:
             raise
-        print(f"attnlab {name}: error: {e}", file=sys.stderr)
+        # one line, whatever a library's text quoted in the message holds (a pickle error's
+        # own line break made two)
+        print(f"attnlab {name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as e:  # sizes the user asked for, not a bug
         if args.debug or not out_of_memory(e):

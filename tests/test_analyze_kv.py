@@ -252,6 +252,27 @@ def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     assert report["runs"][str(runs[1])] == score_names(texts, cast, style)
 
 
+def test_names_refuses_a_bpe_model_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A model folder has no run data to check, so a bpe model was sampled from a newline that
+    encodes to nothing: an IndexError traceback in sample_next."""
+    from test_folder_safety import snapshot
+
+    from attnlab.cli import main
+    from attnlab.data.tokenizer import Tokenizer
+    from attnlab.model import GPT
+    from attnlab.train.checkpoint import save_checkpoint
+
+    tok = Tokenizer.train_bpe("ROMEO. to be or not to be, that is the question\n" * 20, 70)
+    save_checkpoint(tmp_path / "bpe", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
+    before = snapshot(tmp_path)
+    status = main(["analyze", "names", str(tmp_path / "bpe"), "--samples", "1", "--length", "8"])
+    assert status == 2 and capsys.readouterr().err.splitlines() == [
+        f"attnlab analyze names: error: {tmp_path / 'bpe'}: the name test needs a char "
+        "tokenizer (bpe drops the newlines)"
+    ]
+    assert snapshot(tmp_path) == before
+
+
 def test_names_command(runs: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     from attnlab.cli import main
 

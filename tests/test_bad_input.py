@@ -1266,6 +1266,31 @@ def test_study_variants_that_name_none_are_refused(attnlab, tmp_path: Path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("spec", "args", "expected"),
+    [("overhead", ["--data", "DATA"],  # ran the benchmark, --data unread
+      "--data: kind = 'overhead' studies train on no data folder; leave it out"),
+     ("gba-retrieval", ["--data", "DATA"],
+      "--data: kind = 'retrieval' studies train on no data folder; leave it out"),
+     ('kind = "retrieval"\n' + GOOD_SPEC, [],  # its variants and comparisons were dropped
+      "study.toml: kind = 'retrieval' takes no variants or comparisons (those are for kind = 'lm')")],
+)  # fmt: skip
+def test_a_study_refuses_what_its_kind_does_not_read(attnlab, tmp_path: Path, spec, args, expected):
+    """These ran with exit 0 and said "0 runs" (or ran the wrong kind of work)."""
+    from test_folder_safety import snapshot
+
+    if "\n" in spec:
+        (tmp_path / "study.toml").write_text(spec)
+        spec = str(tmp_path / "study.toml")
+    (tmp_path / "data").mkdir()
+    args = [str(tmp_path / "data") if a == "DATA" else a for a in args]
+    before = snapshot(tmp_path)
+    p = attnlab("study", spec, *args, "--out", str(tmp_path / "out"))
+    line = error_line(p, "study")
+    assert line == expected or line.endswith(expected), line
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("damage", ["max-iters-below", "metrics-not-text"])
 def test_a_resume_that_would_contradict_the_run_is_refused(
     attnlab, tiny_data: Path, tmp_path: Path, damage: str

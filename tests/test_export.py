@@ -524,6 +524,28 @@ def test_onnxruntime_refuses_a_config_json_that_does_not_describe_the_graph(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_onnxruntime_refuses_a_tokenizer_larger_than_the_model(
+    exported: tuple[GPT, Path], tmp_path: Path, capsys, int8: bool
+) -> None:
+    """A tokenizer.json with ids past the embedding table was a 28-line onnxruntime traceback
+    mid-generation (the torch path refused it in one line)."""
+    from test_folder_safety import snapshot
+
+    from attnlab.data.tokenizer import Tokenizer
+
+    folder = tmp_path / "exported"
+    shutil.copytree(exported[1], folder)
+    Tokenizer.from_chars([chr(0x100 + i) for i in range(100)]).save(folder / "tokenizer.json")
+    before = snapshot(tmp_path)
+    args = ["sample", str(folder), "--backend", "onnxruntime", "--prompt", "\u0100"]
+    status = cli_main([*args, "--int8"] if int8 else args)
+    assert failed_line(capsys, status, "sample") == (
+        f"{folder / 'tokenizer.json'}: 100 tokens, more than the model's vocab_size=64"
+    )
+    assert snapshot(tmp_path) == before
+
+
 def test_onnxruntime_refuses_a_graph_without_its_config_record(
     exported: tuple[GPT, Path], tmp_path: Path, capsys
 ) -> None:
@@ -652,6 +674,23 @@ def test_int8_size_qkve_61m(tmp_path: Path) -> None:
     fp32, int8 = ((tmp_path / FILES[f]).stat().st_size for f in ("onnx", "onnx-int8"))
     assert fp32 > 4 * 61_000_000  # every fp32 weight is in the file, once
     assert int8 / fp32 <= 0.30, (fp32, int8)
+
+
+def test_export_refuses_a_runs_checkpoint_as_out(train_tiny, tmp_path: Path, capsys) -> None:
+    """`export RUN --out RUN/latest --overwrite` replaced the resume checkpoint with an export
+    (no trainer state, GPT-2 layout): train --resume then refused the run."""
+    from test_folder_safety import snapshot
+
+    train_tiny(tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1)
+    before = snapshot(tmp_path)
+    for name in ("latest", "best"):
+        out = tmp_path / "run" / name
+        status = cli_main(["export", str(tmp_path / "run"), "--out", str(out), "--overwrite"])
+        assert failed_line(capsys, status, "export") == (
+            f"--out {out} is a checkpoint of the run {tmp_path / 'run'} (resume and eval read "
+            "it); choose another --out"
+        )
+    assert snapshot(tmp_path) == before
 
 
 def tree(folder: Path) -> dict[str, bytes]:

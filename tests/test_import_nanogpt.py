@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import pickle
 from pathlib import Path
@@ -152,6 +153,28 @@ def test_checkpoint_with_objects_is_refused(tmp_path: Path, capsys) -> None:
     )
     err = capsys.readouterr().err
     assert "refused: it is not a plain weights file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_meta_pkl_error_with_a_line_break_is_one_line(tmp_path: Path, capsys) -> None:
+    """pickle's "A load persistent id instruction was encountered,\nbut no persistent_load ..."
+    reached the terminal as two lines: the CLI joins an error's lines."""
+
+    class PersistentIds(pickle.Pickler):
+        def persistent_id(self, obj: object) -> str | None:
+            return "storage" if obj == "tensor" else None
+
+    nanogpt_checkpoint(tmp_path / "ckpt.pt")
+    buffer = io.BytesIO()
+    PersistentIds(buffer).dump({"itos": "tensor"})
+    (tmp_path / "meta.pkl").write_bytes(buffer.getvalue())
+    args = ["import-nanogpt", str(tmp_path / "ckpt.pt"), "--meta", str(tmp_path / "meta.pkl")]
+    assert cli_main([*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "refused: not a plain char meta.pkl (A load persistent id instruction was encountered, "
+        "but no persistent_load function was specified.)"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 class _Payload:

@@ -200,6 +200,10 @@ def name_test(
         model, tokenizer = load_pretrained(run, device=device)
         if tokenizer is None:
             raise AttnlabError(f"{run} has no tokenizer.json; cannot decode samples")
+        if tokenizer.kind != "char":  # a model folder of a bpe run: its data was not checked
+            raise AttnlabError(
+                f"{run}: the name test needs a char tokenizer (bpe drops the newlines)"
+            )
         texts = sample_texts(
             model, tokenizer, samples, length, seed, temperature, top_k, exact_window=exact_window
         )

@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.studies.runner import run_study
 
     spec = load_spec(args.study)
+    if args.data and spec.kind != "lm":  # it was ignored without a word
+        raise AttnlabError(
+            f"--data: kind = {spec.kind!r} studies train on no data folder; leave it out"
+        )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     result = run_study(
         spec,

@@ -409,4 +409,7 @@ def load_onnx(
     tokenizer = (
         Tokenizer.load(folder / ckpt.TOKENIZER) if (folder / ckpt.TOKENIZER).is_file() else None
     )
-    return OnnxLM(file, ckpt.read_model_config(folder), threads), tokenizer
+    config = ckpt.read_model_config(folder)
+    # as the torch path does: onnxruntime would fail mid-generation on an id past the table
+    ckpt.check_tokenizer_fits(tokenizer, config, folder / ckpt.TOKENIZER)
+    return OnnxLM(file, config, threads), tokenizer

@@ -248,6 +248,10 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         )
     if kind == "lm" and not variants:
         raise AttnlabError(f"{where}: a {kind} study needs at least one variant")
+    if kind != "lm" and (variants or data.get("comparisons")):  # they were dropped unread
+        raise AttnlabError(
+            f"{where}: kind = {kind!r} takes no variants or comparisons (those are for kind = 'lm')"
+        )
     comparisons = []
     for c in data.get("comparisons", []):
         _check_keys(
