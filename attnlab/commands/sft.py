@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.commands.train import run_to_end
+    from attnlab.commands.train import refuse_resume_flags, run_to_end
     from attnlab.train import sft
 
     sources = [a for a in args.args if "=" not in a]
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if sources:
             raise AttnlabError(f"--resume takes no RUN argument (got {', '.join(sources)})")
-        check_resume_flags(args)
+        refuse_resume_flags(("--data", args.data), ("--chat", args.chat), ("--out", args.out))
         trainer, name = sft.resume(args.resume, overrides), f"{args.resume} (resumed)"
     else:
         if len(sources) != 1 or not args.out:
@@ -71,12 +71,3 @@ def run(args: argparse.Namespace) -> int:
         trainer = sft.start(sources[0], args.out, args.data, args.chat, overrides)
         name = f"{sources[0]} (fine-tuned)"
     return run_to_end(trainer, name)
-
-
-def check_resume_flags(args: argparse.Namespace) -> None:
-    """A resumed run keeps its data (copied into it at the start), its format and its folder:
-    refuse flags that would say otherwise, as `train --resume` does."""
-    given = (("--data", args.data), ("--chat", args.chat), ("--out", args.out))
-    flags = [flag for flag, value in given if value]
-    if flags:
-        raise AttnlabError(f"{', '.join(flags)}: a resumed run keeps its own; leave them out")

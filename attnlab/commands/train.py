@@ -103,13 +103,17 @@ def run(args: argparse.Namespace) -> int:
     return run_to_end(trainer, name)
 
 
-def check_resume_flags(args: argparse.Namespace) -> None:
-    """A resumed run keeps its model, recipe and data: refuse flags that would say otherwise."""
-    flags = [f for f, value in (("--preset", args.preset), ("--config", args.config)) if value]
-    if args.out:
-        flags.append("--out")
+def refuse_resume_flags(*given: tuple[str, object]) -> None:
+    """Refuse the flags among ``given`` (flag, value) that were set: a resumed run keeps its own
+    (train's model and recipe, sft's data and format, both their folder)."""
+    flags = [flag for flag, value in given if value]
     if flags:
         raise AttnlabError(f"{', '.join(flags)}: a resumed run keeps its own; leave them out")
+
+
+def check_resume_flags(args: argparse.Namespace) -> None:
+    """A resumed run keeps its model, recipe and data: refuse flags that would say otherwise."""
+    refuse_resume_flags(("--preset", args.preset), ("--config", args.config), ("--out", args.out))
     own = run_data_dir(args.resume)
     if args.data and own and Path(args.data).expanduser().resolve() != Path(own).resolve():
         raise AttnlabError(

@@ -266,7 +266,9 @@ def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]
     ids = tokenizer.encode("\n")
     if ids or data_dir is None:
         return ids
-    return [int(load_dataset(data_dir).val[0])]
+    # one token: the split memory-mapped, not loaded (load_dataset scans both splits' ids)
+    data_dir = Path(data_dir).expanduser()
+    return [int(read_tokens(data_dir / "val.bin", _read_meta(data_dir / META_FILE)["dtype"])[0])]
 
 
 def load_dataset(data_dir: str | Path | None = None) -> Dataset:
