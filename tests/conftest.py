@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-# keep the prepared default corpus and any cache out of the user's home
-os.environ.setdefault("ATTNLAB_HOME", tempfile.mkdtemp(prefix="attnlab-test-home-"))
+# keep the prepared default corpus and any cache out of the user's home; the process that made
+# the folder removes it at exit (xdist workers and test subprocesses inherit it)
+if "ATTNLAB_HOME" not in os.environ:
+    os.environ["ATTNLAB_HOME"] = tempfile.mkdtemp(prefix="attnlab-test-home-")
+    atexit.register(shutil.rmtree, os.environ["ATTNLAB_HOME"], ignore_errors=True)
 # under pytest-xdist every worker (and each subprocess it starts) gets one thread: two workers
 # with two OpenMP threads each on two cores spin against each other and run many times slower
 if os.environ.get("PYTEST_XDIST_WORKER"):

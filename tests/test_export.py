@@ -676,17 +676,31 @@ def test_int8_size_qkve_61m(tmp_path: Path) -> None:
     assert int8 / fp32 <= 0.30, (fp32, int8)
 
 
-def test_export_refuses_a_runs_checkpoint_as_out(train_tiny, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("command", ["export", "import-hf", "import-nanogpt"])
+def test_model_folder_writers_refuse_a_runs_checkpoint_as_out(
+    train_tiny, tmp_path: Path, capsys, command: str
+) -> None:
     """`export RUN --out RUN/latest --overwrite` replaced the resume checkpoint with an export
-    (no trainer state, GPT-2 layout): train --resume then refused the run."""
+    (no trainer state, GPT-2 layout): train --resume then refused the run. import-hf and
+    import-nanogpt, which write model folders of their own, did the same."""
     from test_folder_safety import snapshot
+    from test_import_hf import hf_model
+    from test_import_nanogpt import nanogpt_checkpoint
 
     train_tiny(tmp_path / "run", max_iters=2, eval_interval=2, eval_iters=1)
+    source = {"export": tmp_path / "run", "import-hf": tmp_path / "hf"}.get(
+        command, tmp_path / "ckpt.pt"
+    )
+    if command == "import-hf":
+        hf_model("gpt2").save_pretrained(source)
+    elif command == "import-nanogpt":
+        nanogpt_checkpoint(source)
     before = snapshot(tmp_path)
+    capsys.readouterr()  # save_pretrained's progress bar
     for name in ("latest", "best"):
         out = tmp_path / "run" / name
-        status = cli_main(["export", str(tmp_path / "run"), "--out", str(out), "--overwrite"])
-        assert failed_line(capsys, status, "export") == (
+        status = cli_main([command, str(source), "--out", str(out), "--overwrite"])
+        assert failed_line(capsys, status, command) == (
             f"--out {out} is a checkpoint of the run {tmp_path / 'run'} (resume and eval read "
             "it); choose another --out"
         )

@@ -18,7 +18,14 @@ from attnlab.data.tokenizer import Tokenizer
 transformers = pytest.importorskip("transformers")
 
 GPT2 = dict(
-    vocab_size=320, n_positions=32, n_embd=32, n_layer=2, n_head=4, activation_function="gelu"
+    vocab_size=320,
+    n_positions=32,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    activation_function="gelu",
+    bos_token_id=0,
+    eos_token_id=0,  # GPT-2's 50256 lies outside this vocabulary: a warning
 )
 LLAMA = dict(
     vocab_size=320,  # room for the byte-level tokenizer below

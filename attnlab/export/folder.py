@@ -29,7 +29,6 @@ from attnlab.export.onnx import INT8_FILE, ONNX_FILE, write_onnx, write_onnx_int
 from attnlab.export.torchscript import write_torchscript
 from attnlab.fsutil import holds_only, replace_folder
 from attnlab.model import hf_map
-from attnlab.rundir import BEST, LATEST, is_run_folder
 from attnlab.train import checkpoint as ckpt
 
 FILES = {
@@ -99,11 +98,7 @@ def export_model(
     came from) always.
     """
     out = Path(out).expanduser()
-    if out.name in (LATEST, BEST) and is_run_folder(out.parent):  # --overwrite or not
-        raise AttnlabError(
-            f"--out {out} is a checkpoint of the run {out.parent} (resume and eval read it); "
-            "choose another --out"
-        )
+    ckpt.refuse_run_checkpoint(out)
     formats = parse_formats(",".join(formats))
     model = model.to("cpu").eval()
     written = {}

@@ -228,7 +228,8 @@ def import_hf(
     weights-only unpickler; ``tokenizer.json`` comes along when it is one of attnlab's kinds
     (GPT-2's byte-level BPE is).
     """
-    folder = Path(source).expanduser()
+    folder, out = Path(source).expanduser(), Path(out).expanduser()
+    ckpt.refuse_run_checkpoint(out)
     path = folder / ckpt.CONFIG
     if not path.is_file():
         raise AttnlabError(f"{folder} has no {ckpt.CONFIG}; expected a Hugging Face model folder")
@@ -249,7 +250,6 @@ def import_hf(
     if (folder / ckpt.TOKENIZER).is_file():
         tokenizer = attnlab_tokenizer(folder / ckpt.TOKENIZER)
         ckpt.check_tokenizer_fits(tokenizer, config, folder / ckpt.TOKENIZER)
-    out = Path(out).expanduser()
     with replace_folder(
         out, "model folder written by import-hf", overwrite, ckpt.is_model_folder, sources=[folder]
     ) as tmp:

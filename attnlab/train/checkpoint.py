@@ -39,7 +39,7 @@ from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
 from attnlab.model.layers import Rotary
 from attnlab.model.memory import check_fits
-from attnlab.rundir import BEST, LATEST
+from attnlab.rundir import BEST, LATEST, is_run_folder
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -104,6 +104,19 @@ def write_bytes(path: Path, data: bytes) -> None:
     """Write a file with plain file I/O, so a full disk is an OSError naming its reason."""
     with path.open("wb") as f:
         f.write(data)
+
+
+def refuse_run_checkpoint(out: Path) -> None:
+    """Refuse a run's latest/ or best/ as the --out of a command that writes a model folder.
+
+    Resume and eval read them; an export or an import written there (with --overwrite or not)
+    would replace the run's checkpoint and trainer state with a model folder of another kind.
+    """
+    if out.name in (LATEST, BEST) and is_run_folder(out.parent):
+        raise AttnlabError(
+            f"--out {out} is a checkpoint of the run {out.parent} (resume and eval read it); "
+            "choose another --out"
+        )
 
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:

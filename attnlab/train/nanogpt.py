@@ -23,7 +23,12 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import refuse_foreign, replace_folder
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
-from attnlab.train.checkpoint import load_weights_strict, safe_torch_load, write_model_folder
+from attnlab.train.checkpoint import (
+    load_weights_strict,
+    refuse_run_checkpoint,
+    safe_torch_load,
+    write_model_folder,
+)
 
 # the builtins a nanoGPT char meta.pkl is made of (ints and strs need no lookup at all)
 META_TYPES = frozenset({"dict", "list", "str", "int"})
@@ -91,6 +96,7 @@ def import_nanogpt(
     A non-empty ``out`` is refused unless ``overwrite``; then the new folder is swapped in whole.
     """
     sources = [p for p in (ckpt_path, meta) if p is not None]
+    refuse_run_checkpoint(Path(out))
     refuse_foreign(Path(out), "model folder", overwrite, sources=sources)  # before the slow part
     saved = safe_torch_load(ckpt_path)
     if (
