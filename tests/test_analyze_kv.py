@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_cli, tiny_model, tiny_train
+from test_export import failed_line
+from test_folder_safety import snapshot
 
 from attnlab.analysis.names import (
     canonical_speakers,
@@ -27,6 +30,7 @@ from attnlab.analysis.per_position import (
     line_columns,
     per_position_losses,
 )
+from attnlab.cli import main as cli_main
 
 GUTENBERG = (
     "ACT I.\n\nSCENE I. Rousillon. A room.\n\n"
@@ -212,8 +216,6 @@ def test_per_position_cli(runs: tuple[Path, Path], tmp_path: Path) -> None:
 
 def test_per_position_writes_into_run_b_by_default(runs: tuple[Path, Path], tmp_path: Path) -> None:
     """Like every analysis, into RUN/analysis/ (B's), not the working folder."""
-    import shutil
-
     a, b = (shutil.copytree(r, tmp_path / f"run_{n}") for n, r in zip("ab", runs, strict=True))
     work = tmp_path / "work"
     work.mkdir()
@@ -230,6 +232,38 @@ def test_per_position_writes_into_run_b_by_default(runs: tuple[Path, Path], tmp_
         "per_position_by_region.csv",
     ]
     assert not (a / "analysis").exists()
+
+
+@pytest.mark.parametrize("kind", ["export", "best"])
+@pytest.mark.parametrize(
+    "analysis", ["per-position", "attention", "entropy", "gates", "hull", "names"]
+)
+def test_analyses_need_out_when_run_is_a_model_folder(
+    runs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    kind: str,
+    analysis: str,
+) -> None:
+    """The output went into the model folder's analysis/: an export's, which the next
+    `export --out` there refused as foreign (or deleted with --overwrite), or a run's best/,
+    which the next best checkpoint replaces whole."""
+    if kind == "export":
+        b = tmp_path / "exported"
+        assert cli_main(["export", str(runs[1]), "--formats", "safetensors", "--out", str(b)]) == 0
+    else:
+        b = tmp_path / "run_b"
+        shutil.copytree(runs[1], b)
+        b = b / "best"
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    name = "RUN_B" if analysis == "per-position" else "RUN"
+    args = [str(runs[0]), str(b)] if analysis == "per-position" else [str(b)]
+    status = cli_main(["analyze", analysis, *args, "--device", "cpu"])
+    assert failed_line(capsys, status, f"analyze {analysis}") == (
+        f"{name} {b} is not a run folder (no {name}/analysis/ to write into); pass --out"
+    )
+    assert snapshot(tmp_path) == before
 
 
 def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
@@ -265,7 +299,8 @@ def test_names_refuses_a_bpe_model_folder(tmp_path: Path, capsys: pytest.Capture
     tok = Tokenizer.train_bpe("ROMEO. to be or not to be, that is the question\n" * 20, 70)
     save_checkpoint(tmp_path / "bpe", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
     before = snapshot(tmp_path)
-    status = main(["analyze", "names", str(tmp_path / "bpe"), "--samples", "1", "--length", "8"])
+    args = ["--samples", "1", "--length", "8", "--out", str(tmp_path / "names")]
+    status = main(["analyze", "names", str(tmp_path / "bpe"), *args])
     assert status == 2 and capsys.readouterr().err.splitlines() == [
         f"attnlab analyze names: error: {tmp_path / 'bpe'}: the name test needs a char "
         "tokenizer (bpe drops the newlines)"

@@ -242,17 +242,25 @@ def test_prompt_outside_the_char_vocabulary(model_dir: Path):  # noqa: F811
     assert error_line(p, "sample") == "2 character(s) not in the vocabulary: '\u20ac', '\u2603'"
 
 
-def test_sample_without_a_prompt_starts_a_bpe_run_where_demo_does(attnlab, tmp_path: Path):
-    """The default prompt, a newline, encoded to no tokens with a bpe tokenizer (whitespace is
-    no token there): sample refused every bpe run unless given --prompt."""
-    from attnlab import from_pretrained
-    from attnlab.data.prepare import load_dataset, prepare
-    from attnlab.train.checkpoint import write_model_folder
+def _bpe_run(attnlab, tmp_path: Path) -> tuple[Path, Path]:
+    """(data folder, run folder): a tiny run on a bpe corpus, whose tokenizer has no newline."""
+    from attnlab.data.prepare import prepare
 
     (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question\n" * 40)
     data = prepare([str(tmp_path / "corpus.txt")], "bpe", 40, tmp_path / "data")
     run = tmp_path / "run"
     assert attnlab("train", "--data", str(data), "--out", str(run), *TINY).returncode == 0
+    return data, run
+
+
+def test_sample_without_a_prompt_starts_a_bpe_run_where_demo_does(attnlab, tmp_path: Path):
+    """The default prompt, a newline, encoded to no tokens with a bpe tokenizer (whitespace is
+    no token there): sample refused every bpe run unless given --prompt."""
+    from attnlab import from_pretrained
+    from attnlab.data.prepare import load_dataset
+    from attnlab.train.checkpoint import write_model_folder
+
+    data, run = _bpe_run(attnlab, tmp_path)
     p = attnlab("sample", str(run), "--max-new-tokens", "2", "--device", "cpu")
     assert p.returncode == 0, p.stderr
     dataset = load_dataset(data)
@@ -266,6 +274,34 @@ def test_sample_without_a_prompt_starts_a_bpe_run_where_demo_does(attnlab, tmp_p
         f"the tokenizer of {folder} has no token for a newline, the default prompt, and no run "
         "data to start from; give --prompt"
     )
+
+
+@pytest.mark.parametrize("damage", ["moved", "val.bin deleted", "val.bin empty"])
+def test_sample_without_a_prompt_says_a_prompt_needs_no_data(attnlab, tmp_path: Path, damage):
+    """Once a bpe run's data folder had moved, the error named the missing meta.json alone, not
+    that --prompt samples without it; an empty val.bin was an IndexError traceback."""
+    from test_folder_safety import snapshot
+
+    data, run = _bpe_run(attnlab, tmp_path)
+    data = data.resolve()  # as the run's config.json names it
+    if damage == "moved":
+        data.rename(tmp_path / "moved")
+        reason = f"{data / 'meta.json'}: not found (run `attnlab prepare` first)"
+    elif damage == "val.bin deleted":
+        (data / "val.bin").unlink()
+        reason = f"{data / 'val.bin'}: token file not found"
+    else:
+        (data / "val.bin").write_bytes(b"")
+        reason = f"{data / 'val.bin'}: no tokens to start from"
+    before = snapshot(tmp_path)
+    args = ["sample", str(run), "--max-new-tokens", "2", "--device", "cpu"]
+    assert error_line(attnlab(*args), "sample") == (
+        f"{reason}; give --prompt TEXT to sample without {run}'s data "
+        "(only the default prompt reads it)"
+    )
+    assert snapshot(tmp_path) == before
+    p = attnlab(*args, "--prompt", "to be")  # the way out it names
+    assert p.returncode == 0 and p.stdout.startswith("to be"), p.stderr
 
 
 @pytest.fixture
@@ -370,8 +406,8 @@ GIB8 = 8 * 2**30
 
 def _needs(params: int, gib: float, task: str, batch: bool) -> str:
     return (
-        f"cannot fit: {params:,} parameters need at least {gib:,.1f} GiB {task}, and cpu has "
-        f"8.0 GiB; make it smaller (n_layer, n_embd, block_size, vocab_size"
+        f"cannot fit: more than {params:,} parameters need at least {gib:,.1f} GiB {task}, "
+        "and cpu has 8.0 GiB; make it smaller (n_layer, n_embd, block_size, vocab_size"
         + (", batch_size)" if batch else ")")
     )
 
@@ -400,7 +436,7 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating(
     assert error_line(p, "info").startswith("shakespeare-char cannot fit: ")
 
 
-def test_sample_and_import_refuse_a_model_too_large_for_memory(
+def test_sample_info_and_import_refuse_a_model_too_large_for_memory(
     attnlab,
     model_dir: Path,  # noqa: F811
     tmp_path: Path,
@@ -413,19 +449,18 @@ def test_sample_and_import_refuse_a_model_too_large_for_memory(
     huge = {**config, "n_layer": 10**9}
     params = _tiny_params(10**9, config["vocab_size"])
     (model_dir / "config.json").write_text(json.dumps(huge))
+    weights = _needs(params, 4 * params / 2**30, "for the weights", False)
     p = attnlab("sample", str(model_dir), "--device", "cpu", "--max-new-tokens", "1")
-    assert error_line(p, "sample") == f"{model_dir} " + _needs(
-        params, 4 * params / 2**30, "for the weights", False
-    )
+    assert error_line(p, "sample") == f"{model_dir} {weights}"
+    p = attnlab("info", str(model_dir))  # the estimate leaves out norms: "at least", not exact
+    assert error_line(p, "info") == f"{model_dir} {weights}"
     ckpt = tmp_path / "ckpt.pt"
     import torch
 
     torch.save({"model": {}, "model_args": huge}, ckpt)
     before = snapshot(tmp_path)
     p = attnlab("import-nanogpt", str(ckpt), "--out", str(tmp_path / "imported"))
-    assert error_line(p, "import-nanogpt") == f"{ckpt} " + _needs(
-        params, 4 * params / 2**30, "for the weights", False
-    )
+    assert error_line(p, "import-nanogpt") == f"{ckpt} {weights}"
     assert snapshot(tmp_path) == before
 
 
@@ -601,9 +636,12 @@ def test_model_and_data_must_share_a_tokenizer(
     model_dir: Path,  # noqa: F811
     other_data: Path,
     wide_data: Path,
+    tmp_path: Path,
     command,
 ):
     name = command_name(command)
+    if command[0] == "analyze":  # a model folder has no RUN/analysis/ to write into
+        command = [*command, "--out", str(tmp_path / "analysis")]
     p = attnlab(*command, str(model_dir), "--device", "cpu")
     assert error_line(p, name) == (
         f"{model_dir} is not a run folder, so its data is unknown: pass --data"
@@ -667,6 +705,31 @@ def test_info_of_a_char_preset_describes_what_train_builds(attnlab, tmp_path: Pa
     params = GPT(ModelConfig.preset("qkve-small", vocab_size=vocab)).get_num_params(False)
     assert any(line.split()[-1] == f"{params:,}" for line in p.stdout.splitlines()
                if line.strip().startswith("total"))  # fmt: skip
+
+
+def test_info_of_an_onnx_only_export_shows_its_config(
+    attnlab,
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+):
+    """It said the folder "holds no checkpoint"; info reads no weights, only config.json."""
+    from test_folder_safety import snapshot
+
+    full, onnx_only = tmp_path / "full", tmp_path / "onnx-only"
+    for out, formats in ((full, "safetensors"), (onnx_only, "onnx")):
+        done = attnlab("export", str(model_dir), "--out", str(out), "--formats", formats)
+        assert done.returncode == 0, done.stderr
+    before = snapshot(tmp_path)
+    p, described = attnlab("info", str(onnx_only)), attnlab("info", str(full))
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[:2] == [
+        str(onnx_only),
+        "  an export of model.onnx only, no PyTorch weights: shown from its config.json; "
+        f"`attnlab sample {onnx_only} --backend onnxruntime` runs it",
+    ]
+    assert lines[2:] == described.stdout.splitlines()[1:]  # what the weights' export shows
+    assert snapshot(tmp_path) == before
 
 
 def _metrics_garbage(run: Path) -> str:
@@ -795,7 +858,7 @@ BIG = "99999999999999999999"  # past 64 bits: torch.manual_seed overflowed with 
      (["train", "--data", "{data}", "--out", "{out}", "eval_seed=-1"], "eval_seed", "-1"),
      (["sample", "{model}", "--seed", "4294967296"], "seed", "4294967296"),
      (["chat", "{model}", "--seed", "-1"], "seed", "-1"),
-     (["analyze", "names", "{model}", "--seed", BIG], "seed", BIG),
+     (["analyze", "names", "{model}", "--out", "{out}", "--seed", BIG], "seed", BIG),
      (["retrieval", "--seed", BIG], "seed", BIG)],
 )  # fmt: skip
 def test_a_seed_out_of_range_gets_one_line(

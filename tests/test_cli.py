@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,42 @@ def test_train_sample_eval_round_trip(tmp_path: Path, tiny_data: Path) -> None:
     resumed = run_cli("train", "--resume", str(run), "max_iters=15")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout[resumed.stdout.index("{") :])["iters"] == 15
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal, as a user's is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("delay", [0.0, 60.0])
+def test_eval_shows_progress_on_a_terminal_only_when_it_takes_a_while(
+    tmp_path: Path, train_tiny, capsys, monkeypatch: pytest.MonkeyPatch, delay: float
+) -> None:
+    """`eval --split train` printed nothing for minutes: a bar of tokens, as training's, on a
+    terminal's stderr once the evaluation outlasts the delay; a short one stays silent."""
+    from attnlab.cli import main
+
+    train_tiny(tmp_path / "run", max_iters=2)
+    monkeypatch.setattr("attnlab.analysis.loss.PROGRESS_DELAY_S", delay)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["eval", str(tmp_path / "run"), "--split", "train"]) == 0
+    result = json.loads(capsys.readouterr().out)  # stdout stays the JSON alone
+    assert result["split"] == "train"
+    if delay:
+        assert terminal.getvalue() == ""
+    else:
+        assert re.search(r"eval: +\d+%\|.*tok/s", terminal.getvalue()), terminal.getvalue()
+
+
+def test_eval_off_a_terminal_shows_no_progress(tmp_path: Path, train_tiny) -> None:
+    """Off a terminal a bar is carriage returns in a log, and stderr is kept for the error."""
+    train_tiny(tmp_path / "run", max_iters=2)
+    done = run_cli("eval", str(tmp_path / "run"), "--split", "train")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert json.loads(done.stdout)["split"] == "train"
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path, tiny_data: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_export import failed_line
+from test_folder_safety import snapshot
 from tokenizers import decoders
 
 from attnlab import from_pretrained
@@ -141,6 +143,70 @@ def test_import_hf_refuses_what_it_cannot_convert(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+# Llama 3.1's rope_scaling as its config.json ships it
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "raw", "message"),
+    [
+        # transformers writes these into rope_parameters (5.x) or rope_scaling (4.x)
+        (
+            dict(rope_scaling=LLAMA3_SCALING),
+            False,
+            "rope type 'llama3'; attnlab's Llama backbone has plain RoPE",
+        ),
+        (
+            dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+            False,
+            "rope type 'linear'; attnlab's Llama backbone has plain RoPE",
+        ),
+        # a config.json as shipped, whatever transformers would rewrite it to
+        (
+            dict(rope_scaling=LLAMA3_SCALING),
+            True,
+            "rope type 'llama3'; attnlab's Llama backbone has plain RoPE",
+        ),
+        (
+            dict(rope_scaling={"type": "linear", "factor": 2.0}),
+            True,
+            "rope type 'linear'; attnlab's Llama backbone has plain RoPE",
+        ),
+        (
+            dict(hidden_act="gelu"),
+            True,
+            "hidden_act 'gelu'; attnlab's Llama backbone has SwiGLU (silu)",
+        ),
+        (
+            dict(hidden_act="gelu", rope_scaling={"type": "linear", "factor": 2.0}),
+            True,
+            "hidden_act 'gelu', rope type 'linear'; attnlab's Llama backbone has SwiGLU (silu) "
+            "and plain RoPE",
+        ),
+    ],
+)
+def test_import_hf_names_only_what_the_llama_backbone_lacks(
+    tmp_path: Path, capsys, overrides: dict, raw: bool, message: str
+) -> None:
+    """A scaled RoPE was refused with the accepted hidden_act 'silu' named beside it."""
+    src = tmp_path / "hf"
+    if raw:
+        src.mkdir()
+        (src / "config.json").write_text(json.dumps({"model_type": "llama", **LLAMA, **overrides}))
+    else:
+        transformers.LlamaConfig(**{**LLAMA, **overrides}).save_pretrained(src)
+    before = snapshot(tmp_path)
+    status = cli_main(["import-hf", str(src), "--out", str(tmp_path / "mine")])
+    assert failed_line(capsys, status, "import-hf") == f"{src / 'config.json'}: {message}"
+    assert snapshot(tmp_path) == before
 
 
 def tree(root: Path) -> dict[str, bytes]:

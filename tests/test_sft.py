@@ -30,6 +30,7 @@ from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
 from attnlab.rundir import run_data_dir
+from attnlab.train import checkpoint as ckpt
 from attnlab.train import sft
 from attnlab.train.checkpoint import load_pretrained
 
@@ -274,48 +275,78 @@ def test_sft_resume_refuses_flags_it_cannot_honour(attnlab, model_dir: Path, tmp
         assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize(
-    ("out", "override", "expected"),
-    [
-        (
-            "new/sft",
-            "n_layer=3",
-            "init_weights does not fit the model: missing keys: "
-            "transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_proj.weight, "
-            "transformer.h.2.ln_1.weight, "
-            "transformer.h.2.ln_2.weight, transformer.h.2.mlp.c_fc.weight, and 1 more",
-        ),
-        (
-            "empty",
-            "block_size=64",
-            "init_weights does not fit the model: shape mismatches: "
-            "transformer.wpe.weight (32, 32) vs (64, 32)",
-        ),
-    ],
-    ids=["a new folder", "a folder it found"],
-)
+@pytest.mark.parametrize("out", ["new/sft", "empty"], ids=["a new folder", "a folder it found"])
 def test_a_refused_sft_leaves_nothing_behind(
     attnlab,  # noqa: F811
     model_dir: Path,  # noqa: F811
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     out: str,
-    override: str,
-    expected: str,
 ):
     """A check of the trainer's that failed left OUT/sft_data/ (and OUT) behind. A folder the
     command found (here an empty one) stays. A record it drops is reported only once the run
     has started (a second stderr line above the error, before)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AttnlabError("refused by a check of the trainer's")
+
+    # the trainer's own memory check, which runs after sft_data/ is written (sft's own runs first)
+    monkeypatch.setattr("attnlab.train.trainer.check_fits", refuse)
     data = tmp_path / "pairs.jsonl"
     _write_pairs(data)
     with data.open("a") as f:  # a character the tiny corpus has not: dropped as unencodable
         f.write(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n")
     (tmp_path / "empty").mkdir()
     before = snapshot(tmp_path)
-    p = attnlab(
-        "sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / out), *QUICK, override
-    )
-    assert error_line(p, "sft") == expected
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / out), *QUICK)
+    assert error_line(p, "sft") == "refused by a check of the trainer's"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["n_layer=3"], "n_layer=3 (pretrained: 2)"),
+        (["block_size=64"], "block_size=64 (pretrained: 32)"),  # learned positions: wpe grows
+        (["n_embd=64", "n_layer=3"], "n_embd=64 (pretrained: 32), n_layer=3 (pretrained: 2)"),
+        (["dropout=0.1", "use_m_gate=true"], "use_m_gate=True (pretrained: False)"),
+        (["tie_embeddings=false"], "tie_embeddings=False (pretrained: True)"),
+        # the same weight shapes, another meaning: heads split differently, another norm
+        (["n_head=2"], "n_head=2 (pretrained: 4)"),
+        (["norm=rmsnorm", "bias=false"], "norm='rmsnorm' (pretrained: 'layernorm')"),
+        # the vocabulary follows the tokenizer: an override was silently ignored
+        (["vocab_size=500"], "vocab_size=500 (pretrained: {vocab})"),
+        (["n_layer=1000000000"], "n_layer=1000000000 (pretrained: 2)"),  # no model is built
+    ],
+)
+def test_sft_refuses_model_overrides_that_change_the_pretrained_model(
+    attnlab,  # noqa: F811
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    overrides: list[str],
+    named: str,
+):
+    """It said "init_weights does not fit the model: missing keys: transformer.h.2...", naming
+    an internal argument and weight keys, and it fine-tuned n_head=2 or norm=rmsnorm without a
+    word, giving the pretrained weights another meaning."""
+    data = tmp_path / "pairs.jsonl"
+    _write_pairs(data)
+    before = snapshot(tmp_path)
+    out = str(tmp_path / "sft")
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", out, *QUICK, *overrides)
+    vocab = ckpt.read_model_config(ckpt.model_folder(model_dir)).vocab_size
+    assert error_line(p, "sft") == (
+        f"sft keeps the pretrained model as it is: {named.format(vocab=vocab)}; only dropout (and block_size with "
+        "pos=rope) may change"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_sft_accepts_dropout_and_a_rotary_context() -> None:
+    """Dropout, or a longer context under RoPE, still fine-tunes the pretrained weights."""
+    base = tiny_model(pos="rope")
+    for overrides in ({"dropout": 0.1}, {"block_size": 64}, {"n_layer": base.n_layer}):
+        sft.check_model_overrides(base, overrides)
 
 
 @pytest.mark.slow

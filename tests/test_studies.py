@@ -254,6 +254,23 @@ def test_spec_errors_are_one_line() -> None:
         ).scale("cpu")
 
 
+def test_a_comparison_of_a_variant_with_itself_is_refused_when_read(tmp_path: Path) -> None:
+    """baseline = variant trained the arm and reported a comparison of zero differences."""
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    spec_file = tmp_path / "self.toml"
+    spec_file.write_text(FAILING_STUDY.replace('variant = "bad"', 'variant = "good"'))
+    assert 'variant = "bad"' not in spec_file.read_text()  # its one comparison: good vs good
+    before = snapshot(tmp_path)
+    proc = run_cli("study", str(spec_file), "--preset", "ci", "--out", str(tmp_path / "out"))
+    assert error_line(proc, "study") == (
+        f"{spec_file}: comparison of 'good' against baseline 'good' compares a variant with "
+        "itself; name two different variants"
+    )
+    assert snapshot(tmp_path) == before
+
+
 BAD_SPECS = [
     ({"preset": 5}, {}, "variant 'a': preset must be a name (a string)"),
     ({"preset": "nope"}, {}, "variant 'a': unknown preset 'nope' (known: "),

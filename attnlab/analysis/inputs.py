@@ -19,7 +19,7 @@ import torch
 
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
-from attnlab.rundir import run_data_dir
+from attnlab.rundir import is_run_folder, run_data_dir
 from attnlab.train.checkpoint import load_pretrained
 
 BATCH = 8
@@ -115,6 +115,21 @@ ANALYSIS_MARK = ".attnlab-analysis"
 
 def is_analysis_folder(folder: Path) -> bool:
     return (folder / ANALYSIS_MARK).is_file()
+
+
+def default_analysis_dir(run: str | Path, name: str = "RUN") -> Path:
+    """RUN/analysis, the default output of an analysis of ``run``, for a run folder only.
+
+    A model folder (an export, a run's best/) is replaced whole by the next export or
+    checkpoint, and export refuses a folder holding anything else: an analysis written into it
+    would be lost or in the way, so such a RUN needs --out.
+    """
+    folder = Path(run)
+    if folder.is_dir() and not is_run_folder(folder):
+        raise AttnlabError(
+            f"{name} {run} is not a run folder (no {name}/analysis/ to write into); pass --out"
+        )
+    return folder / "analysis"
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], mark: bool = True) -> Path:

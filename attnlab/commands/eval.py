@@ -37,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
             f"{data_dir} no longer holds the data {args.model} was trained on ({change}); "
             "restore that data, or pass --data"
         )
-    result = split_loss(model, getattr(data, args.split), args.batch_size)
+    result = split_loss(model, getattr(data, args.split), args.batch_size, progress=True)
     print(json.dumps({"split": args.split, **result}, indent=2))
     return 0

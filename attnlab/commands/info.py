@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
+# export formats that hold a traced graph, not weights PyTorch loads into a GPT
+GRAPH_FORMATS = ("torchscript", "onnx", "onnx-int8")
 _BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
 
 
@@ -59,21 +62,46 @@ def parameter_counts(model: Any) -> dict[str, int]:
     return counts
 
 
-def load_config(target: str, overrides: list[str]):
-    """The ModelConfig of a run/model folder, else of a preset, with model overrides."""
-    from attnlab.train.checkpoint import model_folder, read_model_config
+def folder_config(target: str) -> tuple[ModelConfig, str | None]:
+    """The ModelConfig of a run or model folder, and None; for an export with graphs but no
+    PyTorch weights (``export --formats onnx``), the one in its config.json and a line saying
+    what the folder is and what runs it.
 
+    info never reads weights, so such an export's config.json tells all that info shows.
+    """
+    from attnlab.export.folder import FILES
+    from attnlab.train.checkpoint import CONFIG, model_folder, read_model_config
+
+    try:
+        folder = model_folder(target)
+    except AttnlabError:
+        folder = Path(target).expanduser()
+        graphs = [n for f, n in FILES.items() if f in GRAPH_FORMATS and (folder / n).is_file()]
+        if not (graphs and (folder / CONFIG).is_file()):  # no model at all: model_folder's message
+            raise
+    else:
+        return read_model_config(folder), None
+    note = f"an export of {' and '.join(graphs)} only, no PyTorch weights: shown from its {CONFIG}"
+    if FILES["onnx"] in graphs:
+        note += f"; `attnlab sample {shlex.quote(target)} --backend onnxruntime` runs it"
+    return read_model_config(folder), note
+
+
+def load_config(target: str, overrides: list[str]) -> tuple[ModelConfig, str | None]:
+    """The ModelConfig of a folder (see folder_config, and its note), else of a preset (None),
+    with model overrides."""
     model_over, train_over = split_overrides(overrides)
     if train_over:
         raise AttnlabError(f"info takes model fields only, not {', '.join(train_over)}")
     if Path(target).expanduser().exists() or "/" in target:  # a path, even a mistyped one
-        return read_model_config(model_folder(target)).replace(**model_over)
+        config, note = folder_config(target)
+        return config.replace(**model_over), note
     if "vocab_size" not in get_preset(target).model and "vocab_size" not in model_over:
         from attnlab.data.prepare import embedded_char_vocab_size
 
         # what `train --preset` builds: the vocabulary of the data it trains on by default
         model_over["vocab_size"] = embedded_char_vocab_size()
-    return ModelConfig.preset(target, **model_over)
+    return ModelConfig.preset(target, **model_over), None
 
 
 def shapes_only(config: Any) -> Any:
@@ -104,11 +132,14 @@ def shapes_only(config: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from attnlab.model.memory import check_fits
 
-    config = load_config(args.target, args.overrides)
+    config, note = load_config(args.target, args.overrides)
     check_fits(config, "cpu", what=args.target)  # shapes_only allocates the weights on the CPU
     model = shapes_only(config)
     counts = parameter_counts(model)
-    print(f"{args.target}\n\nconfig")
+    print(args.target)
+    if note:
+        print(f"  {note}")
+    print("\nconfig")
     for key, value in config.to_dict().items():
         print(f"  {key:<18} {value}")
     print("\nparameters")

@@ -83,7 +83,13 @@ def prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer) -> list[int]:
         if not ids:
             raise AttnlabError("the prompt encodes to no tokens")
         return ids
-    ids = start_tokens(tokenizer, run_data_dir(args.model))
+    try:
+        ids = start_tokens(tokenizer, run_data_dir(args.model))
+    except AttnlabError as e:  # the data moved or was deleted since training: a prompt needs none
+        raise AttnlabError(
+            f"{e}; give --prompt TEXT to sample without {args.model}'s data "
+            "(only the default prompt reads it)"
+        ) from None
     if not ids:  # a model folder keeps no data to start from
         raise AttnlabError(
             f"the tokenizer of {args.model} has no token for a newline, the default prompt, "

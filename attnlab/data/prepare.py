@@ -268,7 +268,10 @@ def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]
         return ids
     # one token: the split memory-mapped, not loaded (load_dataset scans both splits' ids)
     data_dir = Path(data_dir).expanduser()
-    return [int(read_tokens(data_dir / "val.bin", _read_meta(data_dir / META_FILE)["dtype"])[0])]
+    val = read_tokens(data_dir / "val.bin", _read_meta(data_dir / META_FILE)["dtype"])
+    if not val.size:  # a valid split (a tiny corpus), but one with no token to start from
+        raise AttnlabError(f"{data_dir / 'val.bin'}: no tokens to start from")
+    return [int(val[0])]
 
 
 def load_dataset(data_dir: str | Path | None = None) -> Dataset:

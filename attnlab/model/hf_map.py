@@ -183,10 +183,19 @@ def _config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         rope_type = scaling.value("rope_type", "type", default=None, kind=str) or params.value(
             "rope_type", default="default", kind=str
         )
-        if act != "silu" or rope_type != "default":
+        # (what the file says, what attnlab's Llama backbone has): name only the mismatches
+        wrong = [
+            (f"{name} {value!r}", has)
+            for name, value, fits, has in (
+                ("hidden_act", act, "silu", "SwiGLU (silu)"),
+                ("rope type", rope_type, "default", "plain RoPE"),
+            )
+            if value != fits
+        ]
+        if wrong:
             raise AttnlabError(
-                f"{source}: hidden_act {act!r} / rope type {rope_type!r}; attnlab's Llama "
-                "backbone is SwiGLU (silu) with plain RoPE"
+                f"{source}: {', '.join(says for says, _ in wrong)}; attnlab's Llama backbone "
+                f"has {' and '.join(has for _, has in wrong)}"
             )
         n_embd, n_head = read.value("hidden_size"), read.value("num_attention_heads")
         if n_head <= 0 or read.value("head_dim", default=n_embd // n_head) * n_head != n_embd:

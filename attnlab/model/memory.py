@@ -74,8 +74,9 @@ def check_fits(
     if have is None or need <= have:
         return
     task = f"to train with batch_size={batch_size}" if batch_size is not None else "for the weights"
+    # "more than": parameter_count leaves out the norms (and mechanisms), which every model has
     raise AttnlabError(
-        f"{what} cannot fit: {parameter_count(config):,} parameters need at least {gib(need)} "
-        f"{task}, and {device.type} has {gib(have)}; make it smaller (n_layer, n_embd, "
-        f"block_size, vocab_size{', batch_size' if batch_size is not None else ''})"
+        f"{what} cannot fit: more than {parameter_count(config):,} parameters need at least "
+        f"{gib(need)} {task}, and {device.type} has {gib(have)}; make it smaller (n_layer, "
+        f"n_embd, block_size, vocab_size{', batch_size' if batch_size is not None else ''})"
     )

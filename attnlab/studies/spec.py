@@ -260,6 +260,11 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         for role in ("baseline", "variant"):
             if c.get(role) not in variants:
                 raise AttnlabError(f"{where}: comparison {role} {c.get(role)!r} is not a variant")
+        if c["baseline"] == c["variant"]:  # its differences are all zero: no test, no information
+            raise AttnlabError(
+                f"{where}: comparison of {c['variant']!r} against baseline {c['baseline']!r} "
+                "compares a variant with itself; name two different variants"
+            )
         comparisons.append(
             Comparison(
                 c["baseline"],

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from attnlab.config import TrainConfig, split_overrides
+from attnlab.config import ModelConfig, TrainConfig, split_overrides
 from attnlab.data.bins import SeededSampler, write_tokens
 from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
 from attnlab.data.tokenizer import Tokenizer
@@ -185,6 +185,29 @@ def _write_data(
     return dropped
 
 
+def check_model_overrides(base: ModelConfig, overrides: dict[str, Any]) -> None:
+    """Refuse model overrides that change what the pretrained weights compute, naming them.
+
+    SFT fine-tunes the model it was given. A field that reshapes a weight failed the strict load
+    with internal key names; one that keeps the shapes (n_head, norm, rope_theta, ...) would
+    silently give the weights another meaning. Only dropout may change, and block_size where
+    positions are rotary (a learned position table has one row per position).
+    """
+    asked = base.replace(**overrides)  # an invalid value gets the config's own message
+    changed = [k for k in overrides if getattr(asked, k) != getattr(base, k)]
+    fixed = [
+        k for k in changed if k != "dropout" and not (k == "block_size" and base.pos == "rope")
+    ]
+    if fixed:
+        fields = ", ".join(
+            f"{k}={getattr(asked, k)!r} (pretrained: {getattr(base, k)!r})" for k in fixed
+        )
+        raise AttnlabError(
+            f"sft keeps the pretrained model as it is: {fields}; only dropout (and block_size "
+            "with pos=rope) may change"
+        )
+
+
 def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tensor, torch.Tensor]]]:
     """The Trainer's ``batches`` hook: examples from the run's sft_data folder."""
     folder = trainer.data.dir
@@ -229,6 +252,7 @@ def start(
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     model_over, train_over = split_overrides(overrides or [])
     base = ckpt.read_model_config(folder)
+    check_model_overrides(base, model_over)
     model_config = base.replace(
         **{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)}
     )

@@ -34,16 +34,19 @@ def add_common_args(parser: Any, sequences: int = 50) -> None:
         default=sequences,
         help=f"validation windows to average over (default {sequences})",
     )
-    parser.add_argument("--out", help="output folder (default: RUN/analysis)")
+    parser.add_argument(
+        "--out", help="output folder (default: RUN/analysis; needed when RUN is a model folder)"
+    )
     parser.add_argument("--device", default="cpu")
 
 
 def out_dir(args: Any) -> Path:
     """--out, checked to be a folder or nothing yet (else RUN/analysis): call it before the
     analysis runs, so that a file there is refused at once."""
+    from attnlab.analysis.inputs import default_analysis_dir, is_analysis_folder  # torch
+
     if not args.out:
-        return Path(args.run) / "analysis"
-    from attnlab.analysis.inputs import is_analysis_folder  # torch: not for --help
+        return default_analysis_dir(args.run)
 
     out = Path(args.out)
     if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         help="CSV of the top positions; the grouped tables and the PNG go next to it "
-        "(default: RUN_B/analysis/per_position.csv)",
+        "(default: RUN_B/analysis/per_position.csv; needed when RUN_B is a model folder)",
     )
     p.add_argument(
         "--max-tokens", type=int, default=None, help="score only the first N validation tokens"
@@ -50,11 +50,16 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.analysis.inputs import default_analysis_dir
     from attnlab.analysis.per_position import check_listing, check_out, compare, write_tables
     from attnlab.device import resolve_device
 
     check_listing(args.top, args.context)  # before the runs are scored
-    out = Path(args.out) if args.out else Path(args.run_b) / "analysis" / "per_position.csv"
+    out = (
+        Path(args.out)
+        if args.out
+        else default_analysis_dir(args.run_b, "RUN_B") / "per_position.csv"
+    )
     check_out(out)
     cmp = compare(
         args.run_a,
