@@ -155,44 +155,25 @@ LLAMA3_SCALING = {
 }
 
 
+LINEAR = {"type": "linear", "factor": 2.0}
+HAS = "attnlab's Llama backbone has"
+
+
 @pytest.mark.parametrize(
     ("overrides", "raw", "message"),
     [
         # transformers writes these into rope_parameters (5.x) or rope_scaling (4.x)
-        (
-            dict(rope_scaling=LLAMA3_SCALING),
-            False,
-            "rope type 'llama3'; attnlab's Llama backbone has plain RoPE",
-        ),
-        (
-            dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-            False,
-            "rope type 'linear'; attnlab's Llama backbone has plain RoPE",
-        ),
+        (dict(rope_scaling=LLAMA3_SCALING), False, f"rope type 'llama3'; {HAS} plain RoPE"),
+        (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), False,
+         f"rope type 'linear'; {HAS} plain RoPE"),
         # a config.json as shipped, whatever transformers would rewrite it to
-        (
-            dict(rope_scaling=LLAMA3_SCALING),
-            True,
-            "rope type 'llama3'; attnlab's Llama backbone has plain RoPE",
-        ),
-        (
-            dict(rope_scaling={"type": "linear", "factor": 2.0}),
-            True,
-            "rope type 'linear'; attnlab's Llama backbone has plain RoPE",
-        ),
-        (
-            dict(hidden_act="gelu"),
-            True,
-            "hidden_act 'gelu'; attnlab's Llama backbone has SwiGLU (silu)",
-        ),
-        (
-            dict(hidden_act="gelu", rope_scaling={"type": "linear", "factor": 2.0}),
-            True,
-            "hidden_act 'gelu', rope type 'linear'; attnlab's Llama backbone has SwiGLU (silu) "
-            "and plain RoPE",
-        ),
+        (dict(rope_scaling=LLAMA3_SCALING), True, f"rope type 'llama3'; {HAS} plain RoPE"),
+        (dict(rope_scaling=LINEAR), True, f"rope type 'linear'; {HAS} plain RoPE"),
+        (dict(hidden_act="gelu"), True, f"hidden_act 'gelu'; {HAS} SwiGLU (silu)"),
+        (dict(hidden_act="gelu", rope_scaling=LINEAR), True,
+         f"hidden_act 'gelu', rope type 'linear'; {HAS} SwiGLU (silu) and plain RoPE"),
     ],
-)
+)  # fmt: skip
 def test_import_hf_names_only_what_the_llama_backbone_lacks(
     tmp_path: Path, capsys, overrides: dict, raw: bool, message: str
 ) -> None:
