@@ -13,11 +13,13 @@ import importlib
 import os
 import pkgutil
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
 from attnlab import commands
 from attnlab.errors import AttnlabError
+from attnlab.rundir import checkpoint_problem
 
 
 def register_all(subparsers: argparse._SubParsersAction, package: ModuleType) -> None:
@@ -119,6 +121,8 @@ def path_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
         except UnicodeEncodeError:  # bytes the locale could not decode arrive as surrogates
             shown = os.fsencode(value).decode(errors="backslashreplace")
             return f"{flag} {shown} is not valid UTF-8; name a file or folder in UTF-8"
+        if action.dest == "out" and (problem := checkpoint_problem(Path(value))) is not None:
+            return problem  # every command's output: never in a run's checkpoint
     return None
 
 

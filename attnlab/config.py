@@ -83,7 +83,7 @@ class _Serialisable:
     def from_json(cls: type[C], path: str | Path) -> C:
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text at all
             raise AttnlabError(f"cannot read config {path}: {e}") from None
         if not isinstance(data, dict):
             raise AttnlabError(f"config {path} must hold a JSON object, not {type(data).__name__}")

@@ -215,6 +215,30 @@ def is_run_folder(folder: Path) -> bool:
     return _run_config(folder) is not None
 
 
+def checkpoint_problem(out: Path) -> str | None:
+    """Why ``out`` may not be a command's --out: it is, or lies inside, a run's latest/ or best/.
+
+    Resume and eval read them, and every checkpoint save replaces them whole: an export or an
+    import written there replaced the run's checkpoint, and anything written inside them was
+    lost, without a word, at the next save. A symlinked path counts where it leads too.
+    """
+    out = out.expanduser()
+    for path in dict.fromkeys((Path(os.path.abspath(out)), out.resolve())):
+        for folder in (path, *path.parents):
+            if folder.name not in (LATEST, BEST) or not is_run_folder(folder.parent):
+                continue
+            if folder == path:
+                return (
+                    f"--out {out} is a checkpoint of the run {folder.parent} (resume and eval "
+                    "read it); choose another --out"
+                )
+            return (
+                f"--out {out} is inside {folder}, a checkpoint of the run {folder.parent} "
+                "(each save replaces it whole); choose another --out"
+            )
+    return None
+
+
 def own_data(folder: Path, recorded: str) -> str:
     """The data folder of the run in ``folder`` whose config.json names ``recorded``.
 

@@ -266,6 +266,36 @@ def test_analyses_need_out_when_run_is_a_model_folder(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("where", ["data", "export", "a file"])
+def test_per_position_out_is_refused_where_its_tables_would_be_lost(
+    runs: tuple[Path, Path],
+    tiny_data: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    where: str,
+) -> None:
+    """--out data/x.csv or EXPORT/x.csv wrote five files into a folder that prepare or export
+    replaces whole; a file on the way to --out was a traceback after the scoring."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    export = tmp_path / "export"
+    assert cli_main(["export", str(runs[1]), "--formats", "safetensors", "--out", str(export)]) == 0
+    (tmp_path / "notes").write_text("mine")
+    capsys.readouterr()
+    folder = {"data": data, "export": export, "a file": tmp_path / "notes"}[where]
+    out = folder / "x.csv"
+    before = snapshot(tmp_path)
+    status = cli_main(["analyze", "per-position", *map(str, runs), "--out", str(out)])
+    kind = "a prepared data folder" if where == "data" else "a model folder"
+    assert failed_line(capsys, status, "analyze per-position") == (
+        f"cannot write {out} (Not a directory); choose another --out"
+        if where == "a file"
+        else f"--out {out} would put tables into {folder}, {kind} that attnlab replaces whole; "
+        "choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+
+
 def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     from attnlab import from_pretrained
     from attnlab.analysis.names import name_test, sample_texts, training_cast
@@ -286,7 +316,9 @@ def test_name_test_is_seeded(runs: tuple[Path, Path], tiny_data: Path) -> None:
     assert report["runs"][str(runs[1])] == score_names(texts, cast, style)
 
 
-def test_names_refuses_a_bpe_model_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_names_refuses_a_bpe_model_folder(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture
+) -> None:
     """A model folder has no run data to check, so a bpe model was sampled from a newline that
     encodes to nothing: an IndexError traceback in sample_next."""
     from test_folder_safety import snapshot
@@ -300,11 +332,28 @@ def test_names_refuses_a_bpe_model_folder(tmp_path: Path, capsys: pytest.Capture
     save_checkpoint(tmp_path / "bpe", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
     before = snapshot(tmp_path)
     args = ["--samples", "1", "--length", "8", "--out", str(tmp_path / "names")]
-    status = main(["analyze", "names", str(tmp_path / "bpe"), *args])
+    status = main(["analyze", "names", str(tmp_path / "bpe"), *args, "--data", str(tiny_data)])
     assert status == 2 and capsys.readouterr().err.splitlines() == [
         f"attnlab analyze names: error: {tmp_path / 'bpe'}: the name test needs a char "
         "tokenizer (bpe drops the newlines)"
     ]
+    assert snapshot(tmp_path) == before
+
+
+def test_names_needs_data_for_a_model_folder(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A model folder's samples were scored against the embedded corpus's 834 speakers, whatever
+    the model was trained on, and the command exited 0."""
+    export = tmp_path / "export"
+    assert cli_main(["export", str(runs[1]), "--formats", "safetensors", "--out", str(export)]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    args = ["--samples", "1", "--length", "8", "--out", str(tmp_path / "names")]
+    status = cli_main(["analyze", "names", str(export), *args])
+    assert failed_line(capsys, status, "analyze names") == (
+        f"{export} is not a run folder, so its data is unknown: pass --data"
+    )
     assert snapshot(tmp_path) == before
 
 

@@ -167,5 +167,15 @@ def test_a_system_message_leaving_no_room_is_refused_once(
     # block_size 32: 16 tokens for the prompt, 37 for the system message and the markers
     assert error_line(p, "chat") == (
         "no room for the message: the system message and the ChatML markers take 37 of the 16 "
-        "tokens the prompt may have (a context of 32 tokens, 16 kept for the reply)"
+        "tokens the prompt may have (a context of 32 tokens, 16 kept for the reply); shorten "
+        "--system"
     )
+    # without it the markers take 19: a shorter reply leaves room, and the line says how short
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    p = attnlab("chat", str(tmp_path / "model"))
+    assert error_line(p, "chat") == (
+        "no room for the message: the ChatML markers take 19 of the 16 tokens the prompt may "
+        "have (a context of 32 tokens, 16 kept for the reply); pass --max-new-tokens 12 or fewer"
+    )
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n/exit\n"))
+    assert attnlab("chat", str(tmp_path / "model"), "--max-new-tokens", "12").returncode == 0

@@ -707,6 +707,44 @@ def test_model_folder_writers_refuse_a_runs_checkpoint_as_out(
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "{run}"],
+        ["import-hf", "{run}"],
+        ["import-nanogpt", "ckpt.pt"],
+        ["sft", "{run}"],
+        ["train", "--data", "{run}"],
+        ["analyze", "entropy", "{run}"],
+        ["analyze", "per-position", "{run}", "{run}"],
+        ["study", "spec.toml"],
+        ["prepare"],
+    ],
+    ids=lambda argv: " ".join(a for a in argv if "{" not in a),
+)
+@pytest.mark.parametrize("inside", ["latest/sub", "best/x/y.csv"])
+def test_no_command_writes_inside_a_runs_checkpoint(
+    train_tiny, tmp_path: Path, capsys, argv: list[str], inside: str
+) -> None:
+    """An --out inside RUN/latest or RUN/best was accepted (an analysis, an sft run, an import
+    written there), and the next `train --resume` deleted it without a word: each checkpoint
+    save replaces those folders whole."""
+    from test_folder_safety import snapshot
+
+    run = tmp_path / "run"
+    train_tiny(run, max_iters=2, eval_interval=2, eval_iters=1)
+    before = snapshot(tmp_path)
+    out = run / inside
+    argv = [a.format(run=run) for a in argv]
+    status = cli_main([*argv, "--out", str(out)])
+    checkpoint = run / inside.split("/")[0]
+    assert failed_line(capsys, status, command_name(argv)) == (
+        f"--out {out} is inside {checkpoint}, a checkpoint of the run {run} (each save "
+        "replaces it whole); choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+
+
 def tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 

@@ -349,6 +349,16 @@ def test_sft_accepts_dropout_and_a_rotary_context() -> None:
         sft.check_model_overrides(base, overrides)
 
 
+def test_sft_refuses_an_out_it_cannot_write(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    """A read-only --out was a PermissionError traceback from inside the data writer."""
+    data = tmp_path / "pairs.jsonl"
+    _write_pairs(data)
+    out = "/proc/attnlab-sft/run"  # no file can be made there, even by root
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", out, *QUICK)
+    assert error_line(p, "sft").startswith(f"cannot write {out} (")
+    assert error_line(p, "sft").endswith("); choose another --out")
+
+
 @pytest.mark.slow
 def test_pretrain_sft_chat_sft_chain_on_shipped_data(tmp_path: Path) -> None:
     """The offline pipeline through the CLI: pretrain, instruction SFT, chat SFT, chat."""

@@ -271,6 +271,55 @@ def test_a_comparison_of_a_variant_with_itself_is_refused_when_read(tmp_path: Pa
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('description = "a', 'description = 5 # "a', "{f}: description must be a string, not 5"),
+        ('name = "one-bad"', "name = 42", "{f}: name must be a string, not 42"),
+        ("[scale.ci]", "[scale.ci]", None),  # the spec as it is: read without a word
+        ("[variants.good]", "[variants.good]\ndescription = 7",
+         "{f} variant good: description must be a string, not 7"),
+        ("[variants.good]", '[variants.good]\nreference = "abc"',
+         "{f} variant good: reference must be a number, not 'abc'"),
+        ('variant = "bad"', 'variant = "bad"\nwallclock = "yes"',
+         "{f} comparison: wallclock must be true or false, not 'yes'"),
+        ("seeds = 1", "seeds = 1\nnotes = 5", "{f} scale ci: notes must be a string, not 5"),
+        ("seeds = 1", "seeds = 1\ndata = 5",
+         "{f} scale ci: data must be a string or a table, not 5"),
+    ],
+)  # fmt: skip
+def test_spec_values_of_the_wrong_type_are_refused_when_read(
+    tmp_path: Path, old: str, new: str, message: str | None
+) -> None:
+    """A description of 5 or a reference of "abc" crashed the report once the first run had
+    trained (a traceback, a study folder without report.md); wallclock = "yes" was taken for
+    true and trained the wall-clock arm; name = 42 and notes = 5 went into the report."""
+    spec_file = tmp_path / "typed.toml"
+    spec_file.write_text(FAILING_STUDY.replace(old, new, 1))
+    if message is None:
+        assert load_spec(spec_file).name == "one-bad"
+        return
+    with pytest.raises(AttnlabError) as err:
+        load_spec(spec_file)
+    assert str(err.value) == message.format(f=spec_file)
+
+
+def test_a_missing_data_folder_in_a_spec_is_refused_before_the_study_starts(tmp_path: Path):
+    """Every run failed with "meta.json: not found" (exit 1) and a study folder was left."""
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    spec_file = tmp_path / "nodata.toml"
+    missing = tmp_path / "nodata"
+    spec_file.write_text(FAILING_STUDY.replace("seeds = 1", f"seeds = 1\ndata = '{missing}'"))
+    before = snapshot(tmp_path)
+    proc = run_cli("study", str(spec_file), "--preset", "ci", "--out", str(tmp_path / "out"))
+    assert error_line(proc, "study") == (
+        f"{spec_file}: scale ci: data: {missing}/meta.json: not found (run `attnlab prepare` first)"
+    )
+    assert snapshot(tmp_path) == before
+
+
 BAD_SPECS = [
     ({"preset": 5}, {}, "variant 'a': preset must be a name (a string)"),
     ({"preset": "nope"}, {}, "variant 'a': unknown preset 'nope' (known: "),

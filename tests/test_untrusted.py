@@ -165,6 +165,8 @@ def test_cli_names_a_truncated_safetensors(model_dir: Path):
     ("edit", "expected"),
     [
         (lambda c: "{not json", "cannot read config {path}: Expecting property name"),
+        # not UTF-8 at all: a UnicodeDecodeError traceback in info, eval and sample
+        (lambda c: b"\xff\xfe", "cannot read config {path}: 'utf-8' codec can't decode byte 0xff"),
         (lambda c: json.dumps([c]), "config {path} must hold a JSON object, not list"),
         (lambda c: json.dumps({**c, "n_layers": 2}),
          "{path}: unknown ModelConfig key 'n_layers'; did you mean 'n_layer'?"),
@@ -182,7 +184,8 @@ def test_cli_names_a_truncated_safetensors(model_dir: Path):
 )  # fmt: skip
 def test_bad_config_json_gets_one_clear_line(model_dir: Path, edit, expected):
     path = model_dir / ckpt.CONFIG
-    path.write_text(edit(json.loads(path.read_text())))
+    text = edit(json.loads(path.read_text()))
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert one_line_error(model_dir).startswith(expected.format(path=path))
 
 

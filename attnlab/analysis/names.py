@@ -33,7 +33,6 @@ import torch
 
 from attnlab.analysis.inputs import token_pieces, write_csv
 from attnlab.config import check_seed
-from attnlab.data.corpus import load_corpus
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.model.generation import generate
@@ -147,20 +146,12 @@ def _check_sizes(samples: int, length: int) -> None:
         raise AttnlabError(f"--samples and --length must be >= 1, got {samples} and {length}")
 
 
-def training_cast(data: str | Path | None) -> tuple[set[str], str, str]:
-    """(canonical speaker names, header style, where they came from) of a data folder's train split.
-
-    ``None`` is the embedded corpus, read directly (no prepared folder needed).
-    """
-    if data is None:
-        text, source = load_corpus().train_text, "the embedded corpus"
-    else:
-        dataset = load_dataset(data)
-        if dataset.tokenizer.kind != "char":
-            raise AttnlabError(
-                f"{data}: the name test needs a char tokenizer (bpe drops the newlines)"
-            )
-        text, source = "".join(token_pieces(dataset.tokenizer, dataset.train)), str(dataset.dir)
+def training_cast(data: str | Path) -> tuple[set[str], str, str]:
+    """(canonical speaker names, header style, where they came from) of a data folder's train split."""
+    dataset = load_dataset(data)
+    if dataset.tokenizer.kind != "char":
+        raise AttnlabError(f"{data}: the name test needs a char tokenizer (bpe drops the newlines)")
+    text, source = "".join(token_pieces(dataset.tokenizer, dataset.train)), str(dataset.dir)
     names, style = canonical_speakers(text)
     if not names:
         raise AttnlabError(
@@ -183,7 +174,10 @@ def name_test(
     """The name test for each run (same seed for all): the cast and one score per run."""
     _check_sizes(samples, length)
     check_seed("seed", seed)
-    cast, style, source = training_cast(shared_data_dir([str(run) for run in runs], data))
+    data_dir = shared_data_dir([str(run) for run in runs], data)
+    if data_dir is None:  # the cast of some other text would score the runs against it
+        raise AttnlabError(f"{runs[0]} is not a run folder, so its data is unknown: pass --data")
+    cast, style, source = training_cast(data_dir)
     report: dict[str, Any] = {
         "samples": samples,
         "length": length,

@@ -23,11 +23,12 @@ import torch
 from attnlab.analysis.inputs import token_pieces, write_csv
 from attnlab.analysis.names import detect_style, header_spans
 from attnlab.data.bins import sequential_windows
-from attnlab.data.prepare import load_dataset
+from attnlab.data.prepare import is_data_folder, load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_writable
 from attnlab.plotting import legend_outside, pyplot, save_figure
-from attnlab.rundir import shared_data_dir
-from attnlab.train.checkpoint import load_pretrained
+from attnlab.rundir import is_run_folder, shared_data_dir
+from attnlab.train.checkpoint import CONFIG, load_pretrained
 
 # groups beyond these are pooled into one last bucket, so a table stays readable
 MAX_COLUMN = 80
@@ -274,6 +275,15 @@ def check_out(out: Path) -> None:
         raise AttnlabError(
             f"--out {out} must name a .csv file (the grouped tables and the PNG go next to it)"
         )
+    # folders attnlab writes whole and replaces whole: tables put there would later be lost
+    folder = out.parent
+    if is_data_folder(folder) or ((folder / CONFIG).is_file() and not is_run_folder(folder)):
+        kind = "a prepared data folder" if is_data_folder(folder) else "a model folder"
+        raise AttnlabError(
+            f"--out {out} would put tables into {folder}, {kind} that attnlab replaces whole; "
+            "choose another --out"
+        )
+    check_writable(out)  # before the runs are scored
     for path in table_paths(out):
         if not (path.exists() or path.is_symlink()):
             continue

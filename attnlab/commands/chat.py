@@ -73,7 +73,7 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
     import torch
 
     from attnlab.commands._common import echo_tokens
-    from attnlab.data.chat import IM_END, fit_history
+    from attnlab.data.chat import IM_END, fit_history, framing_tokens
     from attnlab.model.generation import stream
 
     device = next(model.parameters()).device
@@ -88,8 +88,16 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
     try:  # a context too small for the markers (and --system): refused once, not at every turn
         fit_history(tok, [*system, {"role": "user", "content": ""}], block - max_new)
     except AttnlabError as e:
+        room = block - framing_tokens(tok, system) - 1  # the reply that leaves one token to say
+        fix = (
+            f"pass --max-new-tokens {room} or fewer"
+            if room >= 1
+            else "shorten --system"
+            if system
+            else "the model's context is too short for ChatML"
+        )
         raise AttnlabError(
-            f"{e} (a context of {block} tokens, {max_new} kept for the reply)"
+            f"{e} (a context of {block} tokens, {max_new} kept for the reply); {fix}"
         ) from None
     history: list[dict[str, str]] = []
     gen = torch.Generator(device=device).manual_seed(args.seed)

@@ -154,6 +154,17 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _chatml_ids(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
+    """ChatML ids of ``messages`` followed by an open assistant turn."""
+    return encode_segments(tokenizer, chatml_segments(messages, add_generation_prompt=True))[0]
+
+
+def framing_tokens(tokenizer: Tokenizer, system: Sequence[Message], role: str = "user") -> int:
+    """Tokens a prompt spends before a single token of a ``role`` message: the system
+    message, if any, and the ChatML markers."""
+    return len(_chatml_ids(tokenizer, [*system, {"role": role, "content": ""}]))
+
+
 def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) -> list[int]:
     """ChatML ids of ``messages`` plus an open assistant turn, at most ``budget`` tokens.
 
@@ -162,14 +173,9 @@ def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) 
     prompt keeps the shape the model was tuned on). Raises AttnlabError when the system message
     and the markers leave no room for a single token of the latest message.
     """
-
-    def encode(msgs: Sequence[Message]) -> list[int]:
-        return encode_segments(tokenizer, chatml_segments(msgs, add_generation_prompt=True))[0]
-
     lead = 1 if len(messages) > 1 and messages[0]["role"] == "system" else 0
     system, rest = list(messages[:lead]), list(messages[lead:])
-    latest = rest[-1:]
-    framing = len(encode(system + [{**m, "content": ""} for m in latest]))
+    framing = framing_tokens(tokenizer, system, rest[-1]["role"])
     if framing >= budget:
         held = "the system message and the ChatML markers" if system else "the ChatML markers"
         raise AttnlabError(
@@ -177,7 +183,7 @@ def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) 
             "may have"
         )
     while True:
-        ids = encode(system + rest)
+        ids = _chatml_ids(tokenizer, system + rest)
         if len(ids) <= budget:
             return ids
         if len(rest) <= 1:

@@ -50,8 +50,14 @@ def run_study(
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
     kind = KINDS[spec.kind]
     kind.check(spec, preset)
+    # a missing or unprepared folder fails here, not in every run once the study folder is made
     if data is not None:
-        load_dataset(data)  # a missing or unprepared folder fails here, not in every run
+        load_dataset(data)
+    elif spec.kind == "lm" and isinstance(scale.data, str):  # a table is prepared by the study
+        try:
+            load_dataset(scale.data)
+        except AttnlabError as e:
+            raise AttnlabError(f"{spec.source}: scale {preset}: data: {e}") from None
     folder = StudyDir(out)
     # held until the study returns: a second study in this folder is refused
     with folder.create():

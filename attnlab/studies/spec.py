@@ -204,6 +204,24 @@ def _check_fields(table: dict[str, Any], where: str) -> None:
                 raise AttnlabError(f"{where}: {unknown_key_message(key, known, section)}")
 
 
+_TYPES = {str: "a string", bool: "true or false", float: "a number", dict: "a table"}
+
+
+def _typed(table: dict[str, Any], key: str, kinds: tuple[type, ...], where: str) -> Any:
+    """``table[key]`` (None if absent) when it has one of ``kinds``: TOML is typed, so a quoted
+    "yes" for a flag or a number for a name would otherwise be taken for something else."""
+    value = table.get(key)
+    number = float in kinds and isinstance(value, int) and not isinstance(value, bool)
+    if (
+        value is None
+        or number
+        or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds))
+    ):
+        return value
+    what = " or ".join(_TYPES[k] for k in kinds)
+    raise AttnlabError(f"{where}: {key} must be {what}, not {value!r}")
+
+
 def _check_path_name(name: str, what: str) -> None:
     """Variant names become folders under --out: no separators, no '..', nothing hidden."""
     if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
@@ -238,13 +256,14 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         except AttnlabError as e:
             raise AttnlabError(f"{where}: variant {name!r}: {e}") from None
         _check_fields(v, f"{where} variant {name}")
+        at = f"{where} variant {name}"
         variants[name] = Variant(
             name,
             v["preset"],
-            v.get("description", ""),
+            _typed(v, "description", (str,), at) or "",
             _table(v, "model", where),
             _table(v, "train", where),
-            v.get("reference"),
+            _typed(v, "reference", (float,), at),
         )
     if kind == "lm" and not variants:
         raise AttnlabError(f"{where}: a {kind} study needs at least one variant")
@@ -253,7 +272,10 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
             f"{where}: kind = {kind!r} takes no variants or comparisons (those are for kind = 'lm')"
         )
     comparisons = []
-    for c in data.get("comparisons", []):
+    listed = data.get("comparisons", [])
+    if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
+        raise AttnlabError(f"{where}: comparisons must be [[comparisons]] tables")
+    for c in listed:
         _check_keys(
             c, ("baseline", "variant", "wallclock", "wallclock_reference"), f"{where} comparison"
         )
@@ -265,12 +287,13 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
                 f"{where}: comparison of {c['variant']!r} against baseline {c['baseline']!r} "
                 "compares a variant with itself; name two different variants"
             )
+        at = f"{where} comparison"
         comparisons.append(
             Comparison(
                 c["baseline"],
                 c["variant"],
-                bool(c.get("wallclock", False)),
-                c.get("wallclock_reference"),
+                bool(_typed(c, "wallclock", (bool,), at)),
+                _typed(c, "wallclock_reference", (float,), at),
             )
         )
     scales = {}
@@ -291,10 +314,11 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         seeds = s.get("seeds", 1)
         if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
             raise AttnlabError(f"{where}: scale {preset}: seeds must be a whole number >= 1")
+        at = f"{where} scale {preset}"
         scales[preset] = Scale(
             seeds,
-            s.get("notes", ""),
-            s.get("data"),
+            _typed(s, "notes", (str,), at) or "",
+            _typed(s, "data", (str, dict), at),
             _table(s, "model", where),
             _table(s, "train", where),
             per_variant,
@@ -303,8 +327,8 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
     if not scales:
         raise AttnlabError(f"{where}: a study needs at least one [scale.<preset>] table")
     spec = StudySpec(
-        data.get("name") or Path(source).stem,
-        data.get("description", ""),
+        _typed(data, "name", (str,), where) or Path(source).stem,
+        _typed(data, "description", (str,), where) or "",
         kind,
         variants,
         comparisons,

@@ -39,7 +39,7 @@ from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
 from attnlab.model.layers import Rotary
 from attnlab.model.memory import check_fits
-from attnlab.rundir import BEST, LATEST, is_run_folder
+from attnlab.rundir import BEST, LATEST, checkpoint_problem
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -107,16 +107,11 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def refuse_run_checkpoint(out: Path) -> None:
-    """Refuse a run's latest/ or best/ as the --out of a command that writes a model folder.
-
-    Resume and eval read them; an export or an import written there (with --overwrite or not)
-    would replace the run's checkpoint and trainer state with a model folder of another kind.
-    """
-    if out.name in (LATEST, BEST) and is_run_folder(out.parent):
-        raise AttnlabError(
-            f"--out {out} is a checkpoint of the run {out.parent} (resume and eval read it); "
-            "choose another --out"
-        )
+    """Refuse a run's latest/ or best/, or a path inside them, as the --out of a command that
+    writes a model folder (see rundir.checkpoint_problem), with --overwrite or not."""
+    problem = checkpoint_problem(out)
+    if problem is not None:
+        raise AttnlabError(problem)
 
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:

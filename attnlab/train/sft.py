@@ -26,7 +26,7 @@ from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_out_path, write_json
+from attnlab.fsutil import check_out_path, check_writable, write_json
 from attnlab.rundir import SFT_FILE, RunDir
 from attnlab.train import checkpoint as ckpt
 from attnlab.train.spec import with_scaled_schedule
@@ -246,6 +246,7 @@ def start(
         raise AttnlabError(f"{run.path} already holds a run; use --resume or another --out")
     if check_out_path(run.path) and run.is_foreign():  # nothing of someone else's
         raise AttnlabError(f"{out} is not empty and is not a run folder; choose another --out")
+    check_writable(run.path)  # a read-only --out: one line, not a traceback mid-write
     if not (folder / ckpt.TOKENIZER).is_file():
         raise AttnlabError(f"{folder} has no {ckpt.TOKENIZER}; SFT needs the model's tokenizer")
     tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)
@@ -257,7 +258,12 @@ def start(
         **{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)}
     )
     source_train = folder / ckpt.TRAIN_CONFIG
-    recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
+    try:
+        recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text at all
+        raise AttnlabError(f"cannot read {source_train}: {e}") from None
+    if not isinstance(recipe, dict):
+        raise AttnlabError(f"{source_train} must hold a JSON object, not {type(recipe).__name__}")
     train_config = TrainConfig.from_dict(with_scaled_schedule({**recipe, **DEFAULTS}, train_over))
     resolve_device(train_config.device)  # refused before anything is written
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
