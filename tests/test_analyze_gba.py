@@ -111,7 +111,8 @@ def test_entropies_shape_matches_model(runs) -> None:
     assert (ent[..., 0] == 0).all()  # position 0 attends only to itself
 
 
-def test_hull_table_and_cli(runs, tmp_path) -> None:
+def test_hull_table_and_cli(runs, tmp_path, capsys) -> None:
+    capsys.readouterr()
     args = [
         "analyze",
         "hull",
@@ -124,6 +125,7 @@ def test_hull_table_and_cli(runs, tmp_path) -> None:
         str(tmp_path),
     ]
     assert main(args) == 0
+    assert capsys.readouterr().err == ""  # off a terminal no bar (it was carriage returns)
     rows = _read(tmp_path / "hull.csv")
     assert len(rows) == 2 * L * H * 5
     assert {int(r["position"]) for r in rows} == set(evenly_spaced(T, 5)) and _is_png(

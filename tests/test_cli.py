@@ -71,7 +71,7 @@ def test_eval_shows_progress_on_a_terminal_only_when_it_takes_a_while(
     from attnlab.cli import main
 
     train_tiny(tmp_path / "run", max_iters=2)
-    monkeypatch.setattr("attnlab.analysis.loss.PROGRESS_DELAY_S", delay)
+    monkeypatch.setattr("attnlab.analysis.inputs.PROGRESS_DELAY_S", delay)
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["eval", str(tmp_path / "run"), "--split", "train"]) == 0

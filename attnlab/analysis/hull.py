@@ -26,9 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 from scipy.optimize import nnls
-from tqdm import tqdm
 
-from attnlab.analysis.inputs import Inputs, captured, evenly_spaced, require_boosted, write_csv
+from attnlab.analysis.inputs import (
+    Inputs,
+    captured,
+    evenly_spaced,
+    require_boosted,
+    terminal_bar,
+    write_csv,
+)
 from attnlab.errors import AttnlabError
 from attnlab.plotting import pyplot, save_figure
 
@@ -84,11 +90,8 @@ def hull_table(
     require_boosted(model, "the hull analysis")
     cfg = model.config
     rows: list[dict[str, float]] = []
-    bar = tqdm(
-        total=x.size(0) * cfg.n_layer * cfg.n_head * len(positions),
-        disable=not progress,
-        unit="qp",
-        desc="hull",
+    bar = terminal_bar(
+        x.size(0) * cfg.n_layer * cfg.n_head * len(positions), "hull", "qp", progress
     )
     for batch, _, cap in captured(model, x):
         for layer in range(cfg.n_layer):

@@ -9,6 +9,7 @@ attnlab.analysis.gates, entropy, hull and attention, and by study reports.
 from __future__ import annotations
 
 import csv
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
@@ -107,6 +109,27 @@ def token_pieces(tokenizer, tokens: np.ndarray) -> list[str]:
 def evenly_spaced(length: int, count: int) -> list[int]:
     """``count`` distinct positions spread over 0..length-1, always including the last."""
     return sorted({round(float(p)) for p in np.linspace(0, length - 1, min(count, length))})
+
+
+# seconds before a progress bar appears: a quick analysis stays silent
+PROGRESS_DELAY_S = 2.0
+
+
+def terminal_bar(total: int, desc: str, unit: str, show: bool) -> tqdm:
+    """A progress bar on stderr where stderr is a terminal and the work outlasts
+    PROGRESS_DELAY_S, cleared when done; off a terminal nothing, as in training (a bar would be
+    lines of carriage returns in a log)."""
+    return tqdm(
+        total=total,
+        disable=not (show and sys.stderr.isatty()),
+        file=sys.stderr,
+        delay=PROGRESS_DELAY_S,
+        leave=False,
+        unit=unit,
+        unit_scale=True,
+        dynamic_ncols=True,
+        desc=desc,
+    )
 
 
 # the file that marks a folder as analyses' output, which later analyses may write into again

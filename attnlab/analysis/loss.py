@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from attnlab.analysis.inputs import terminal_bar
 from attnlab.data.bins import sequential_windows
-
-# seconds before the progress bar appears: a quick evaluation stays silent
-PROGRESS_DELAY_S = 2.0
 
 
 @torch.no_grad()
@@ -29,18 +25,7 @@ def split_loss(
     model.eval()
     total, count = 0.0, 0
     windows = sequential_windows(tokens, model.config.block_size, batch_size, device)
-    # off a terminal a bar would be lines of carriage returns in a log: nothing, as in training
-    bar = tqdm(
-        total=len(tokens) - 1,
-        disable=not (progress and sys.stderr.isatty()),
-        file=sys.stderr,
-        delay=PROGRESS_DELAY_S,
-        leave=False,
-        unit="tok",
-        unit_scale=True,
-        dynamic_ncols=True,
-        desc="eval",
-    )
+    bar = terminal_bar(len(tokens) - 1, "eval", "tok", progress)
     with bar:
         for x, y in windows:
             logits, _ = model(x, y)
