@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -434,7 +435,13 @@ def test_resuming_a_finished_run_says_how_to_train_further(tiny_run, tmp_path, c
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
+    # the peak of the process that trained it (here far above this one's): a resume that trains
+    # nothing replaced it with its own, much lower
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "peak_memory_mb": 1e9}))
     assert main(["train", "--resume", str(run)]) == 0
+    after = json.loads((run / "summary.json").read_text())
+    assert after == {**summary, "peak_memory_mb": 1e9}
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert (

@@ -21,6 +21,18 @@ def metrics(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def test_the_last_row_carries_the_mechanism_statistics(tmp_path: Path, train_tiny) -> None:
+    """With max_iters below log_interval the one training row is the last: it had no gate
+    statistics, and as the first training row it fixed metrics.csv's columns without them for
+    the rest of the run, resumes included."""
+    run = tmp_path / "run"
+    train_tiny(run, model={"use_m_gate": True}, max_iters=4, log_interval=10, eval_interval=4)
+    rows = [r for r in metrics(run) if r["train_loss"]]
+    assert [r["iter"] for r in rows] == ["4"]
+    gates = [k for k in rows[0] if k.startswith("m_gate_mean/layer")]
+    assert gates and all(0.0 < float(rows[0][k]) < 1.0 for k in gates)
+
+
 def test_thirty_iterations_reduce_the_loss_and_fill_the_run_folder(
     tmp_path: Path, train_tiny
 ) -> None:

@@ -470,7 +470,9 @@ class Trainer:
                 lr = cfg.lr_at(st.iter)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                want_stats = (st.iter + 1) % cfg.log_interval == 0
+                # every logged row carries the mechanism statistics, the last one too: the first
+                # training row fixes metrics.csv's columns for the rest of the run
+                want_stats = (st.iter + 1) % cfg.log_interval == 0 or st.iter + 1 == stop_at
                 loss, norm, stats, positions = self._step(want_stats)
                 if compiling:
                     bar.note(f"compiled in {time.perf_counter() - t0:.1f} s (the first step)")
@@ -569,6 +571,12 @@ class Trainer:
     def summary(self) -> dict[str, Any]:
         st = self.state
         evals = [h["val_loss"] for h in st.history]
+        # the run's peak over every process that trained it: a resume (even one that found
+        # nothing left to train) measured only its own
+        earlier = (self.run_folder.read_summary() or {}).get("peak_memory_mb")
+        peak = peak_memory_mb(self.device)
+        if isinstance(earlier, int | float) and not earlier <= peak:  # peak is nan on Windows
+            peak = earlier
         summary = {
             "iters": st.iter,
             "final_val_loss": evals[-1] if evals else None,
@@ -576,7 +584,7 @@ class Trainer:
             "train_seconds": st.train_seconds,
             "sec_per_step": st.train_seconds / st.iter if st.iter else None,
             "tokens_per_s": st.tokens / st.train_seconds if st.train_seconds else None,
-            "peak_memory_mb": peak_memory_mb(self.device),
+            "peak_memory_mb": peak,
             "params": self.model.get_num_params(non_embedding=False),
             "skipped_steps": st.skipped_steps,
         }
