@@ -62,6 +62,9 @@ def test_presets_fields_lists_type_default_and_meaning(capsys: pytest.CaptureFix
     assert set(rows) == set(MODEL_HELP) | set(TRAIN_HELP)
     assert rows["learning_rate"].split()[1:3] == ["float", str(TrainConfig().learning_rate)]
     assert rows["lr_decay_iters"].split()[1:5] == ["int", "or", "null", "null"]
+    # derived at build time: the default is null, not what null becomes at n_embd 768
+    for name in ("d_ffn", "n_kv_head", "norm_eps"):
+        assert rows[name].split()[3:5] == ["null", "null"], rows[name]
     assert rows["bias"].split()[1:3] == ["bool", "true"]
     assert "(layernorm | rmsnorm)" in rows["norm"]
     assert rows["n_layer"].split()[2] == str(ModelConfig().n_layer)

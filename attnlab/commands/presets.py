@@ -44,13 +44,15 @@ def field_table() -> list[str]:
         ("model fields (ModelConfig)", ModelConfig, MODEL_HELP),
         ("training fields (TrainConfig)", TrainConfig, TRAIN_HELP),
     ):
-        defaults = cls().to_dict()
         lines.append(title)
         for f in dataclasses.fields(cls):
+            # the declared default: an instance's would show what null becomes at the default
+            # width (d_ffn 3072 for n_embd 768), not that it follows the model
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             kind = str(f.type).replace(" | None", " or null")
             choices = " | ".join(map(spell, allowed.get(f.name, ())))
             meaning = helps[f.name] + (f" ({choices})" if choices else "")
-            lines.append(f"  {f.name:<28} {kind:<16} {spell(defaults[f.name]):<10} {meaning}")
+            lines.append(f"  {f.name:<28} {kind:<16} {spell(default):<10} {meaning}")
         lines.append("")
     lines.append("Set any of them as key=value (or --key=value) after `attnlab train`.")
     return lines
