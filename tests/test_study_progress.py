@@ -165,8 +165,8 @@ def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
     assert {r["variant"]: r["iters"] for r in runs} == {"base": 8, "kv": 8, "base-wallclock": 12}
     report = (out / "report.md").read_text()
     assert (
-        "kv takes 1.500x the time per training step of base (300.0 vs 200.0 ms), IQR 1.400-1.600, "
-        "timed side by side: 30 interleaved steps each of the first seed's models on 1 thread(s)."
+        "kv takes 1.500x the time per training step of base (the median of paired step ratios, "
+        "IQR 1.400-1.600; median step times 300.0 vs 200.0 ms), timed side by side: 30 interleaved steps each of the first seed's models on 1 thread(s)."
     ) in report
     assert "`base-wallclock` trains base for 12 iterations." in report
 

@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if "plain reference" in timings:
         speed = timings["plain reference"].ratio  # median of reference time / our time
         target = "smoke test: no target" if args.quick else "target >= 0.98x"
-        print(f"attnlab GPT speed relative to the plain reference: {speed:.3f}x ({target})")
+        print(
+            f"attnlab GPT speed relative to the plain reference: {speed:.3f}x, the median of "
+            f"paired per-repetition ratios ({target})"
+        )
     else:
         print(
             "no plain reference: the preset is not nanoGPT-shaped (components or mechanisms differ)"

@@ -94,14 +94,17 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
     for name, b in record.get("wallclock", {}).items():
         speeds = (
             f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per "
-            f"training step of {b['baseline']} ({1000 * b['mechanism_sec_per_step']:.1f} vs "
-            f"{1000 * b['baseline_sec_per_step']:.1f} ms)"
+            f"training step of {b['baseline']}"
         )
+        times = f"{1000 * b['mechanism_sec_per_step']:.1f} vs {1000 * b['baseline_sec_per_step']:.1f} ms"
         if "reps" in b:
+            # the ratio is the median of paired ratios, the times each median on their own: on a
+            # busy machine the two can point different ways
             low, high = b["ratio_iqr"]
             how = (
-                f", IQR {low:.3f}-{high:.3f}, timed side by side: {b['reps']} interleaved steps "
-                f"each of the first seed's models on {b['threads']} thread(s)."
+                f" (the median of paired step ratios, IQR {low:.3f}-{high:.3f}; median step times "
+                f"{times}), timed side by side: {b['reps']} interleaved steps each of the first "
+                f"seed's models on {b['threads']} thread(s)."
             )
             if b.get("logged_ratio"):
                 how += (
@@ -110,7 +113,7 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
                 )
         else:  # a budget an earlier attnlab computed, kept so that every seed trains alike
             how = (
-                ", from the runs' own logged step times (mean over seeds), which include whatever "
+                f" ({times}), from the runs' own logged step times (mean over seeds), which include whatever "
                 "else ran on the machine during each run; a fresh --out times both arms side by "
                 "side."
             )
