@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -454,3 +455,56 @@ def test_demo_overwrite_never_deletes_the_data_it_trains_on(
         f"--out {data.parent} would replace the source {data}; choose another --out"
     )
     assert snapshot(tmp_path) == before
+
+
+# a demo model small enough that training and sampling take moments
+TINY_DEMO = ["max_iters=1", "eval_iters=1", "n_layer=1", "n_head=2", "n_embd=32", "block_size=32"]
+
+
+@pytest.fixture(scope="module")
+def previous_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run folder as `attnlab demo` leaves it (TensorBoard on, so with its tb/ too)."""
+    from attnlab.cli import main
+
+    out = tmp_path_factory.mktemp("previous") / "demo"
+    assert main(["demo", "--out", str(out), *TINY_DEMO]) == 0
+    return out
+
+
+@pytest.mark.parametrize("added", ["analysis/.attnlab-analysis", "README.md", "best/notes.txt"])
+def test_demo_refuses_a_previous_demo_run_with_something_added(
+    attnlab,  # noqa: F811
+    previous_demo: Path,
+    tmp_path: Path,
+    added: str,
+) -> None:
+    """`attnlab analyze names runs/demo` writes runs/demo/analysis/ (the README's default), a user
+    adds a README.md beside the run or notes to a checkpoint: the next demo deleted them all, as
+    it looked only at its mark."""
+    out = tmp_path / "demo"
+    shutil.copytree(previous_demo, out)
+    (out / added).parent.mkdir(exist_ok=True)
+    (out / added).write_text("mine")
+    before = snapshot(tmp_path)
+    p = attnlab("demo", "--out", str(out), *TINY_DEMO)
+    assert error_line(p, "demo") == (
+        f"{out} is not empty and is not a demo run; pass --overwrite to replace it, "
+        "or choose another --out"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_demo_replaces_a_previous_demo_run(
+    attnlab,  # noqa: F811
+    previous_demo: Path,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "demo"
+    shutil.copytree(previous_demo, out)
+    assert {".attnlab-demo", ".attnlab.lock", "latest", "best", "tb"} <= {
+        p.name for p in out.iterdir()
+    }
+    p = attnlab("demo", "--out", str(out), *TINY_DEMO, "tensorboard=false")
+    assert p.returncode == 0, p.stderr
+    assert (out / ".attnlab-demo").is_file() and not (out / "tb").exists()  # replaced whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
