@@ -131,6 +131,20 @@ def test_demo_runs_short(tmp_path: Path) -> None:
         "val loss before training:" in done.stdout and "val loss after 6 iterations" in done.stdout
     )
     assert "sample:" in done.stdout
+    assert "time cap" not in done.stdout
+
+
+def test_demo_says_when_its_time_cap_cut_training_short(tmp_path: Path) -> None:
+    """A slow machine stopped the demo at iteration 179 of 800 without a word: the gibberish
+    sample read as what the full schedule gives."""
+    args = ["max_iters=50", "eval_interval=25", "eval_iters=1", "batch_size=4", "max_seconds=0.01"]
+    done = run_cli("demo", "--out", str(tmp_path / "demo"), *args, "tensorboard=false")
+    assert done.returncode == 0, done.stderr
+    assert re.search(
+        r"val loss after \d+ iterations: .*tokens/s; the demo's 0\.01 s time cap stopped it "
+        r"before iteration 50\n",
+        done.stdout,
+    ), done.stdout
 
 
 @pytest.mark.slow

@@ -102,10 +102,18 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
     print(f"val loss before training: {before:.4f}")
     summary = trainer.run()
     trainer.close()
+    planned = spec.train.max_iters
+    # on a slow machine the time cap ends training early: say so, or the sample reads as if
+    # the full schedule had produced it
+    cut = (
+        f"; the demo's {spec.train.max_seconds:g} s time cap stopped it before iteration {planned}"
+        if summary["iters"] < planned
+        else ""
+    )
     print(
         f"val loss after {summary['iters']} iterations: {summary['final_val_loss']:.4f} "
         f"(best {summary['best_val_loss']:.4f}) in {time.perf_counter() - started:.0f} s, "
-        f"{summary['tokens_per_s']:.0f} tokens/s"
+        f"{summary['tokens_per_s']:.0f} tokens/s{cut}"
     )
     gen = torch.Generator(device=trainer.device).manual_seed(1337)
     start = start_tokens(trainer.data.tokenizer, trainer.data.dir)
