@@ -217,6 +217,140 @@ def test_failing_run_is_recorded_and_others_finish(tmp_path: Path, tiny_data: Pa
     assert "bad seed 0" in (out / "report.md").read_text()
 
 
+THREE_ARMS = """
+name = "three-arms"
+description = "vanilla against K/V-bias (also wall-clock matched) and a wider vanilla, tiny"
+[variants.base]
+preset = "shakespeare-char"
+[variants.kv]
+preset = "kv-bias-shakespeare-char"
+model = { n_embd = 24 }
+[variants.wide]
+preset = "shakespeare-char"
+model = { n_embd = 40 }
+[[comparisons]]
+baseline = "base"
+variant = "kv"
+wallclock = true
+[[comparisons]]
+baseline = "base"
+variant = "wide"
+[scale.ci]
+seeds = 2
+model = { n_layer = 1, n_head = 2, n_embd = 32, block_size = 16 }
+train = { max_iters = 4, eval_interval = 2, eval_iters = 1, batch_size = 4, warmup_iters = 1, device = "cpu" }
+"""
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    """Relative path -> mtime (ns) of every file under ``folder``."""
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_variants_restricts_training_not_the_results(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--variants base,wide` on a finished study rewrote results.json, results.csv, report.md
+    and study.json with only base and wide: kv's rows and comparisons vanished, Holm ran over
+    one comparison, and the wall-clock budget was dropped from study.json (`wallclock: {}`), so
+    a later full run timed it again and refused its own base-wallclock runs."""
+    from attnlab.studies.kinds import lm, lm_report
+
+    def fixed_ratio(pace: object, threads: int | None = None) -> dict:
+        return {
+            "baseline_sec_per_step": 0.2,
+            "mechanism_sec_per_step": 0.3,
+            "ratio": 1.5,
+            "ratio_iqr": [1.4, 1.6],
+            "reps": 30,
+            "threads": 1,
+        }
+
+    monkeypatch.setattr(lm, "time_steps", fixed_ratio)  # the budget is 6 iterations, at once
+    monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)  # 0.8 s per publish
+    spec_file = tmp_path / "three-arms.toml"
+    spec_file.write_text(THREE_ARMS)
+    out = tmp_path / "study"
+    full = run_study(load_spec(str(spec_file)), "ci", out, data=tiny_data)
+    every = {(v, s) for v in ("base", "kv", "wide", "base-wallclock") for s in (0, 1)}
+    assert {(r["variant"], r["seed"]) for r in full["runs"]} == every
+    assert all(r["status"] == "ok" for r in full["runs"])
+    pairs = [("base", "kv"), ("base", "wide"), ("base-wallclock", "kv")]
+    assert [(c["baseline"], c["variant"]) for c in full["comparisons"]] == pairs
+    assert full["study"]["wallclock"]["base-wallclock"]["iters"] == 6
+
+    def rows(results: dict) -> list[tuple]:
+        return sorted((r["variant"], r["seed"], r["val_loss"], r["iters"]) for r in results["runs"])
+
+    # wide seed 0 to finish again (its checkpoint is at max_iters: the same loss); kv and
+    # base-wallclock are not selected and must be neither trained nor dropped
+    (out / "runs/wide/seed0/summary.json").unlink()
+    unselected = {v: _tree(out / "runs" / v) for v in ("kv", "base-wallclock")}
+    lines: list[str] = []
+    part = run_study(
+        load_spec(str(spec_file)),
+        "ci",
+        out,
+        data=tiny_data,
+        variants=["base", "wide"],
+        progress=lines.append,
+    )
+    assert part["study"]["retrained"] == 1
+    assert {v: _tree(out / "runs" / v) for v in unselected} == unselected
+    results = json.loads((out / "results.json").read_text())
+    assert rows(results) == rows(full)
+    assert results["comparisons"] == json.loads(json.dumps(full["comparisons"]))
+    _check_statistics(results)  # Holm over all three comparisons
+    csv_rows = (out / "results.csv").read_text().splitlines()[1:]
+    assert sorted(tuple(r.split(",")[:2]) for r in csv_rows) == sorted(
+        (v, str(s)) for v, s in every
+    )
+    study = json.loads((out / "study.json").read_text())
+    assert study["wallclock"] == json.loads(json.dumps(full["study"]["wallclock"]))
+    assert set(study["variants"]) == {"base", "kv", "wide", "base-wallclock"}
+    report = (out / "report.md").read_text()
+    assert "kv vs base-wallclock" in report and "Partial" not in report
+    # every run considered is counted: the two trained variants' and the others' finished runs
+    assert len(lines) == 8 and all(
+        line.startswith(tuple(f"[{k}/8]" for k in range(1, 9))) for line in lines
+    )
+
+    # An unfinished run of an unselected variant is left alone and absent from the results.
+    (out / "runs/kv/seed1/summary.json").unlink()
+    before = _tree(out / "runs/kv")
+    lines.clear()
+    again = run_study(
+        load_spec(str(spec_file)),
+        "ci",
+        out,
+        data=tiny_data,
+        variants=["base", "wide"],
+        progress=lines.append,
+    )
+    assert again["study"]["retrained"] == 0
+    assert _tree(out / "runs/kv") == before
+    assert {(r["variant"], r["seed"]) for r in again["runs"]} == every - {("kv", 1)}
+    assert [(c["baseline"], c["variant"], c["n"]) for c in again["comparisons"]] == [
+        ("base", "kv", 1),
+        ("base", "wide", 2),
+        ("base-wallclock", "kv", 1),
+    ]
+    assert len(lines) == 7 and lines[-1].startswith("[7/7]")
+    assert "base-wallclock" in json.loads((out / "study.json").read_text())["wallclock"]
+    # the subset command would not train kv: the report says how to finish the study
+    assert (
+        "Rerunning the command above without --variants continues the study"
+        in (out / "report.md").read_text()
+    )
+
+    # The full study later resumes kv seed 1 with the kept budget: nothing is refused.
+    done = run_study(load_spec(str(spec_file)), "ci", out, data=tiny_data)
+    assert done["study"]["retrained"] == 1
+    assert rows(done) == rows(full)
+
+
 def test_shipped_specs_resolve_at_every_preset() -> None:
     """Every variant of every shipped study builds valid configs at ci, cpu and paper."""
     from attnlab.train.spec import as_overrides, resolve

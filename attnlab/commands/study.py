@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="prepared data folder for every run (default: the study's)")
     p.add_argument(
         "--variants",
-        help="comma-separated variants to run (default: all; finished ones are kept either way)",
+        help="comma-separated variants to train (default: all); the results and report still "
+        "cover the whole study, with the finished runs of the others",
     )
     p.set_defaults(func=run)
 

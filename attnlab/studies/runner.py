@@ -36,14 +36,15 @@ def run_study(
 ) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
-    ``variants`` restricts an LM study to those arms (and the comparisons between them);
+    ``variants`` restricts what an LM study trains to those arms: the results, comparisons and
+    report still cover the whole study, with every finished run of the others found in ``out``.
     ``command`` is recorded at the top of the report. Returns results.json's content with
     study.json's as ``study``.
     """
     if variants is not None:
         if not variants:  # `--variants ,` ran every variant
             raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
-        spec = spec.select(variants)
+        spec = spec.training(variants)
     scale = spec.scale(preset)
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:

@@ -81,18 +81,32 @@ class StudySpec:
     scales: dict[str, Scale]
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific (tables, widths, ...)
     source: str = ""
+    # the variants this invocation may train (None: all, ``training``); the others' finished
+    # runs are still reported, so results and report always cover the whole study
+    to_train: frozenset[str] | None = None
 
     @property
     def baseline(self) -> str:
         """The first comparison's baseline (the reference arm of the study)."""
         return self.comparisons[0].baseline if self.comparisons else next(iter(self.variants))
 
-    def select(self, names: list[str]) -> StudySpec:
-        """This study restricted to the variants ``names`` and the comparisons between them.
+    def training(self, names: list[str]) -> StudySpec:
+        """This whole study, training only the variants ``names`` (``attnlab study --variants``).
 
+        The other variants are never trained, but their finished runs are reported with the rest.
         A wall-clock-matched variant needs both the baseline it re-runs and the mechanism it is
         timed against.
         """
+        self._check_selection(names)
+        return replace(self, to_train=frozenset(names))
+
+    def trains(self, name: str) -> bool:
+        """Whether this invocation may train (or resume) variant ``name``."""
+        return self.to_train is None or name in self.to_train
+
+    def _check_selection(self, names: list[str]) -> None:
+        """Every name is a variant; a wall-clock-matched one comes with its baseline and
+        mechanism."""
         unknown = [n for n in names if n not in self.variants]
         if unknown:
             raise AttnlabError(
@@ -107,12 +121,6 @@ class StudySpec:
                     f"variant {name!r} is timed from {' and '.join(missing)}: select "
                     f"{'them' if len(missing) > 1 else 'it'} too"
                 )
-        keep = set(names)
-        return replace(
-            self,
-            variants={n: v for n, v in self.variants.items() if n in keep},
-            comparisons=[c for c in self.comparisons if c.baseline in keep and c.variant in keep],
-        )
 
     def scale(self, preset: str) -> Scale:
         if preset not in self.scales:

@@ -47,15 +47,24 @@ class LanguageModel:
 
         A wall-clock budget, once computed, is kept in study.json and reused when the study is
         resumed, so every seed of a wall-clock-matched variant trains for the same iterations.
+        A variant the invocation does not train (``--variants``) is still reported from its
+        finished runs (a wall-clock-matched one needs its kept budget); its budget stays too.
         """
         spec, seeds = study.spec, study.seeds
         clocked = [n for n, v in spec.variants.items() if v.clock_of]
         first = [n for n in spec.variants if n not in clocked]
-        tracker = Tracker(len(seeds) * len(spec.variants), study.progress, parallel=study.jobs)
         runs: list[dict[str, Any]] = []
         budgets: dict[str, dict[str, Any]] = {
             k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
         }
+        first_jobs = _jobs(study, first, {})
+        # the runs considered: every seed of a trained variant, the finished ones of the others
+        total = len(first_jobs) + sum(
+            len(_considered(study, name))
+            for name in clocked
+            if spec.trains(name) or name in budgets
+        )
+        tracker = Tracker(total, study.progress, parallel=study.jobs)
 
         def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
             runs.append(row)  # a run times itself: row["seconds"]
@@ -67,17 +76,17 @@ class LanguageModel:
             what = f"{row['variant']} seed {row['seed']}"
             tracker.done(what, result, row.get("seconds", 0), row["skipped"])
 
-        run_all(train_one, _jobs(study, first, {}), study.jobs, on_done)
+        run_all(train_one, first_jobs, study.jobs, on_done)
         for name in clocked:
             v = spec.variants[name]
-            if name not in budgets:
+            if name not in budgets and spec.trains(name):
                 budget = wallclock_budget(study, runs, v.matches or "", v.clock_of or "")
                 if budget is not None:
                     budgets[name] = budget
         iters = {k: b["iters"] for k, b in budgets.items()}
         run_all(train_one, _jobs(study, list(budgets), iters), study.jobs, on_done)
         for name in clocked:
-            if name not in budgets:
+            if name not in budgets and spec.trains(name):
                 runs += [
                     {
                         "variant": name,
@@ -116,14 +125,18 @@ def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Pat
 def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
     """Seed-major order: every variant of seed 0, then of seed 1, ... so an unfinished study
     already holds complete pairs; runs that finished earlier go first, so a resumed study
-    reports everything it has before it trains again."""
+    reports everything it has before it trains again. A variant the study does not train
+    (``--variants``) has only its finished runs here: they are reported, never trained."""
     spec, preset = study.spec, study.preset
     arms = []
     for name in names:
+        seeds = _considered(study, name)
+        if not seeds:
+            continue
         variant = spec.variants[name]
         model, train = spec.layered(variant, preset)
         folder = _data_folder(spec, variant, preset, study.data)
-        arms.append((name, variant.preset, model, train, folder))
+        arms.append((name, seeds, variant.preset, model, train, folder))
     jobs = [
         Job(
             name,
@@ -136,10 +149,19 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
             budgets.get(name),
         )
         for seed in study.seeds
-        for name, variant_preset, model, train, folder in arms
+        for name, seeds, variant_preset, model, train, folder in arms
+        if seed in seeds
     ]
     refuse_other_setups(jobs)
     return sorted(jobs, key=lambda job: finished_summary(job.run_dir) is None)  # stable
+
+
+def _considered(study: Study, name: str) -> list[int]:
+    """The seeds of ``name`` the study runs or reports: all of them when it trains the variant,
+    else those whose run already finished (``--variants`` left it out)."""
+    if study.spec.trains(name):
+        return list(study.seeds)
+    return [s for s in study.seeds if finished_summary(study.out.run_dir(name, s)) is not None]
 
 
 def wallclock_budget(

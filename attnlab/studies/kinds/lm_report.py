@@ -29,7 +29,8 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
     if finished < planned:
         lines += [
             f"**Partial: {finished} of {planned} runs finished.** Rerunning the command above "
-            "continues the study (an unfinished run resumes from its last checkpoint).",
+            + ("without --variants " if spec.to_train is not None else "")
+            + "continues the study (an unfinished run resumes from its last checkpoint).",
             "",
         ]
     lines += [
