@@ -288,7 +288,7 @@ def test_per_position_out_is_refused_where_its_tables_would_be_lost(
     status = cli_main(["analyze", "per-position", *map(str, runs), "--out", str(out)])
     kind = "a prepared data folder" if where == "data" else "a model folder"
     assert failed_line(capsys, status, "analyze per-position") == (
-        f"cannot write {out} (Not a directory); choose another --out"
+        f"cannot write {folder} (Not a directory); choose another --out"
         if where == "a file"
         else f"--out {out} would put tables into {folder}, {kind} that attnlab replaces whole; "
         "choose another --out"

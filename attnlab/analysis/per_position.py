@@ -283,7 +283,6 @@ def check_out(out: Path) -> None:
             f"--out {out} would put tables into {folder}, {kind} that attnlab replaces whole; "
             "choose another --out"
         )
-    check_writable(out)  # before the runs are scored
     for path in table_paths(out):
         if not (path.exists() or path.is_symlink()):
             continue
@@ -295,6 +294,7 @@ def check_out(out: Path) -> None:
             raise AttnlabError(
                 f"{path} exists and is not one of analyze per-position's files; choose another --out or move it"
             )
+    check_writable(out.parent)  # before the runs are scored
 
 
 def write_tables(
