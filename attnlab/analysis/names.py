@@ -34,6 +34,7 @@ import torch
 from attnlab.analysis.inputs import token_pieces, write_csv
 from attnlab.config import check_seed
 from attnlab.data.prepare import load_dataset
+from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model.generation import generate
 from attnlab.plotting import legend_outside, pyplot, save_figure
@@ -146,11 +147,18 @@ def _check_sizes(samples: int, length: int) -> None:
         raise AttnlabError(f"--samples and --length must be >= 1, got {samples} and {length}")
 
 
+def _require_char(tokenizer: Tokenizer, source: str | Path) -> None:
+    if tokenizer.kind != "char":
+        raise AttnlabError(
+            f"{source}: the name test needs a char tokenizer (bpe drops the newlines)"
+        )
+
+
 def training_cast(data: str | Path) -> tuple[set[str], str, str]:
-    """(canonical speaker names, header style, where they came from) of a data folder's train split."""
+    """(canonical speaker names, header style, where they came from) of a data folder's train
+    split."""
     dataset = load_dataset(data)
-    if dataset.tokenizer.kind != "char":
-        raise AttnlabError(f"{data}: the name test needs a char tokenizer (bpe drops the newlines)")
+    _require_char(dataset.tokenizer, data)
     text, source = "".join(token_pieces(dataset.tokenizer, dataset.train)), str(dataset.dir)
     names, style = canonical_speakers(text)
     if not names:
@@ -194,10 +202,7 @@ def name_test(
         model, tokenizer = load_pretrained(run, device=device)
         if tokenizer is None:
             raise AttnlabError(f"{run} has no tokenizer.json; cannot decode samples")
-        if tokenizer.kind != "char":  # a model folder of a bpe run: its data was not checked
-            raise AttnlabError(
-                f"{run}: the name test needs a char tokenizer (bpe drops the newlines)"
-            )
+        _require_char(tokenizer, run)  # a model folder of a bpe run: its data was not checked
         texts = sample_texts(
             model, tokenizer, samples, length, seed, temperature, top_k, exact_window=exact_window
         )

@@ -277,8 +277,14 @@ def check_out(out: Path) -> None:
         )
     # folders attnlab writes whole and replaces whole: tables put there would later be lost
     folder = out.parent
-    if is_data_folder(folder) or ((folder / CONFIG).is_file() and not is_run_folder(folder)):
-        kind = "a prepared data folder" if is_data_folder(folder) else "a model folder"
+    kind = (
+        "a prepared data folder"
+        if is_data_folder(folder)
+        else "a model folder"
+        if (folder / CONFIG).is_file() and not is_run_folder(folder)
+        else None
+    )
+    if kind is not None:
         raise AttnlabError(
             f"--out {out} would put tables into {folder}, {kind} that attnlab replaces whole; "
             "choose another --out"

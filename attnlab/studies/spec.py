@@ -97,16 +97,6 @@ class StudySpec:
         A wall-clock-matched variant needs both the baseline it re-runs and the mechanism it is
         timed against.
         """
-        self._check_selection(names)
-        return replace(self, to_train=frozenset(names))
-
-    def trains(self, name: str) -> bool:
-        """Whether this invocation may train (or resume) variant ``name``."""
-        return self.to_train is None or name in self.to_train
-
-    def _check_selection(self, names: list[str]) -> None:
-        """Every name is a variant; a wall-clock-matched one comes with its baseline and
-        mechanism."""
         unknown = [n for n in names if n not in self.variants]
         if unknown:
             raise AttnlabError(
@@ -121,6 +111,11 @@ class StudySpec:
                     f"variant {name!r} is timed from {' and '.join(missing)}: select "
                     f"{'them' if len(missing) > 1 else 'it'} too"
                 )
+        return replace(self, to_train=frozenset(names))
+
+    def trains(self, name: str) -> bool:
+        """Whether this invocation may train (or resume) variant ``name``."""
+        return self.to_train is None or name in self.to_train
 
     def scale(self, preset: str) -> Scale:
         if preset not in self.scales:
@@ -219,12 +214,13 @@ def _typed(table: dict[str, Any], key: str, kinds: tuple[type, ...], where: str)
     """``table[key]`` (None if absent) when it has one of ``kinds``: TOML is typed, so a quoted
     "yes" for a flag or a number for a name would otherwise be taken for something else."""
     value = table.get(key)
-    number = float in kinds and isinstance(value, int) and not isinstance(value, bool)
-    if (
-        value is None
-        or number
-        or (isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds))
-    ):
+    if value is None:
+        return None
+    if isinstance(value, bool):  # a bool is an int to Python, never a number here
+        fits = bool in kinds
+    else:  # an integer is a number too
+        fits = isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+    if fits:
         return value
     what = " or ".join(_TYPES[k] for k in kinds)
     raise AttnlabError(f"{where}: {key} must be {what}, not {value!r}")

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--out",
-        help="folder for names.csv, names_top.csv and names.png (default: RUN/analysis; needed when RUN is a model folder)",
+        help="folder for names.csv, names_top.csv and names.png (default: RUN/analysis; needed "
+        "when RUN is a model folder)",
     )
     p.set_defaults(func=run)
 

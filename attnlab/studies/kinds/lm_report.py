@@ -97,7 +97,10 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
             f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per "
             f"training step of {b['baseline']}"
         )
-        times = f"{1000 * b['mechanism_sec_per_step']:.1f} vs {1000 * b['baseline_sec_per_step']:.1f} ms"
+        mechanism_ms, baseline_ms = (
+            1000 * b[f"{k}_sec_per_step"] for k in ("mechanism", "baseline")
+        )
+        times = f"{mechanism_ms:.1f} vs {baseline_ms:.1f} ms"
         if "reps" in b:
             # the ratio is the median of paired ratios, the times each median on their own: on a
             # busy machine the two can point different ways
@@ -114,9 +117,9 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
                 )
         else:  # a budget an earlier attnlab computed, kept so that every seed trains alike
             how = (
-                f" ({times}), from the runs' own logged step times (mean over seeds), which include whatever "
-                "else ran on the machine during each run; a fresh --out times both arms side by "
-                "side."
+                f" ({times}), from the runs' own logged step times (mean over seeds), which "
+                "include whatever else ran on the machine during each run; a fresh --out times "
+                "both arms side by side."
             )
         lines += [
             f"{speeds}{how} So `{name}` trains {b['baseline']} for {b['iters']} iterations.",
