@@ -179,3 +179,29 @@ def test_a_system_message_leaving_no_room_is_refused_once(
     )
     monkeypatch.setattr("sys.stdin", io.StringIO("hi\n/exit\n"))
     assert attnlab("chat", str(tmp_path / "model"), "--max-new-tokens", "12").returncode == 0
+
+
+def test_sample_stops_where_a_chat_tuned_model_ends_its_text(tmp_path: Path) -> None:
+    """`sample` printed <|im_end|> and went on; transformers' generate stops there (the export's
+    generation_config names it the EOS), and so does sample unless --ignore-eos."""
+    tok = chat_tokenizer()
+    prompt, new = tok.encode("who are you?\n"), 24
+    for seed in range(200):  # a tiny random model whose greedy continuation ends a turn
+        torch.manual_seed(seed)
+        model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=64)).eval()
+        out = generate(model, torch.tensor([prompt]), new, temperature=0.0)[0, len(prompt) :]
+        ends = [i for i, t in enumerate(out.tolist()) if t == tok.eos_id]
+        if ends and 0 < ends[0] < new - 1:
+            break
+    else:
+        pytest.fail("no seed ends its text within the tokens drawn")
+    assert tok.eos_id == tok.token_to_id(IM_END)
+    save_checkpoint(tmp_path / "model", model, tok)
+    args = ("sample", str(tmp_path / "model"), "--prompt", "who are you?\n", "--temperature", "0")
+    proc = run_cli(*args, "--max-new-tokens", str(new))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == tok.decode(prompt + out[: ends[0]].tolist()) + "\n"
+    proc = run_cli(*args, "--max-new-tokens", str(new), "--ignore-eos")
+    assert proc.stdout == tok.decode(prompt + out.tolist()) + "\n" and IM_END in proc.stdout
+    # a tokenizer without an end token (plain pretraining) samples every token asked for
+    assert Tokenizer.train_char(CHARS).eos_id is None

@@ -37,6 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sample from the fewest tokens whose probability reaches p (default: all)",
     )
     p.add_argument("--num-samples", type=int, default=1, help="independent continuations")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="go on past the token that ends a text (<|im_end|> after sft, an imported GPT-2's "
+        "<|endoftext|>) and print it; by default a sample stops there, as transformers' "
+        "generate does with the exported folder",
+    )
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling")
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu) or a torch device")
     p.add_argument("--no-cache", action="store_true", help="recompute the full context every step")
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compile:
         model = compile_announced(model)
     gen = torch.Generator(device=device).manual_seed(args.seed)
+    eos = None if args.ignore_eos else tokenizer.eos_id
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     with quiet_broken_pipe():
         for i in range(args.num_samples):
@@ -157,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 top_k=args.top_k,
                 top_p=args.top_p,
+                eos_token_id=eos,
                 use_cache=not args.no_cache,
                 generator=gen,
             )
-            echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop=set())
+            echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop={eos} - {None})
             print()
     return 0

@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.data.tokenizer import Tokenizer
+from attnlab.data.tokenizer import IM_END, Tokenizer
 from attnlab.errors import AttnlabError
 
 IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [IM_START, IM_END]
 ROLES = ("system", "user", "assistant")
 SHIPPED_DIR = Path(__file__).with_name("sft")

@@ -37,6 +37,10 @@ SUBWORD_PREFIX = "##"
 # so Hugging Face's own encoder fails loudly on unknown characters just as ours does.
 _CHAR_UNK = "[UNK]"
 _MAX_LISTED = 5
+IM_END = "<|im_end|>"  # ChatML's end of a turn: what sft teaches a model to emit when done
+# the special tokens that end a text, first found wins: the end of a turn (a chat-tuned model),
+# then GPT-2's document separator (an imported GPT-2 tokenizer)
+END_TOKENS = (IM_END, "<|endoftext|>")
 # The Whitespace pre-tokenizer drops spacing, so bpe decoding puts one space between words;
 # these rules take it out again where English typography has none ("faults ," -> "faults,").
 _NO_SPACE_BEFORE = re.compile(r" ([.,;:!?\])])")
@@ -204,6 +208,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
         return self.hf.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_id(self) -> int | None:
+        """Id of the token that ends a text (see END_TOKENS), None when the tokenizer has none."""
+        return next((self._specials[t] for t in END_TOKENS if t in self._specials), None)
 
     def token_to_id(self, token: str) -> int | None:
         """Id of ``token`` (special tokens included), None if it is not in the vocabulary."""

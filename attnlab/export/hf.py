@@ -21,7 +21,7 @@ import tokenizers
 import attnlab
 from attnlab.config import ModelConfig
 from attnlab.data.chat import IM_END, IM_START
-from attnlab.data.tokenizer import UNK, Tokenizer
+from attnlab.data.tokenizer import END_TOKENS, UNK, Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import replace_folder
 from attnlab.model import hf_map
@@ -111,7 +111,7 @@ def hf_config(config: ModelConfig, token_ids: dict[str, int]) -> tuple[dict[str,
 
 def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
     """HF roles of the tokenizer's special tokens: ChatML's end marker is the EOS (and pad)."""
-    roles = {"bos_token": (IM_START,), "eos_token": (IM_END, "<|endoftext|>"), "unk_token": (UNK,)}
+    roles = {"bos_token": (IM_START,), "eos_token": END_TOKENS, "unk_token": (UNK,)}
     specials = {t.content for t in tokenizer.hf.get_added_tokens_decoder().values()}
     found = {role: next((t for t in names if t in specials), None) for role, names in roles.items()}
     if found["eos_token"] is not None:
@@ -244,7 +244,7 @@ def import_hf(
         raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
     config = hf_map.config_from_hf(data, str(path))
     check_fits(config, "cpu", what=str(folder))
-    sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind)
+    sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind, str(path))
     model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
     tokenizer = None
     if (folder / ckpt.TOKENIZER).is_file():
