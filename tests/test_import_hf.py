@@ -306,3 +306,47 @@ def test_import_hf_refuses_a_folder_that_contradicts_itself(
     assert cli_main(["import-hf", str(src), "--out", str(tmp_path / "mine")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"attnlab import-hf: error: {expected}"]
     assert tree(tmp_path) == before
+
+
+def test_a_gpt2_export_of_a_bias_free_model_reads_back_bias_free(tmp_path: Path, capsys) -> None:
+    """GPT-2 has no bias=False: the export's zero biases read back as bias=True, a model with
+    other parameters whose fine-tunes trained biases the source never had."""
+    from attnlab.config import ModelConfig
+    from attnlab.export import export_model
+    from attnlab.model import GPT
+
+    torch.manual_seed(0)
+    config = ModelConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=32, bias=False)
+    source = GPT(config).eval()
+    export_model(source, None, tmp_path / "export", ["safetensors"])
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["attnlab_bias"] is False
+    idx = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    capsys.readouterr()
+    assert cli_main(["import-hf", str(tmp_path / "export"), "--out", str(tmp_path / "back")]) == 0
+    for folder in ("export", "back"):
+        model, _ = from_pretrained(tmp_path / folder)
+        assert model.config == config
+        assert model.get_num_params() == source.get_num_params()
+        torch.testing.assert_close(model(idx)[0], source(idx)[0], rtol=0, atol=0)
+    # trained in transformers since: its biases are weights now, and never dropped silently
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    with torch.no_grad():
+        hf.transformer.h[1].mlp.c_fc.bias.fill_(0.5)
+    hf.save_pretrained(tmp_path / "tuned")
+    before = tree(tmp_path)
+    capsys.readouterr()
+    assert cli_main(["import-hf", str(tmp_path / "tuned"), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnlab import-hf: error: {tmp_path / 'tuned' / 'config.json'}: attnlab_bias is false "
+        "but transformer.h.1.mlp.c_fc.bias is not zero (trained since the export?); delete "
+        "attnlab_bias from it to load the biases"
+    ]
+    assert tree(tmp_path) == before
+    data = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    del data["attnlab_bias"]
+    (tmp_path / "tuned" / "config.json").write_text(json.dumps(data))
+    assert cli_main(["import-hf", str(tmp_path / "tuned"), "--out", str(tmp_path / "x")]) == 0
+    model, _ = from_pretrained(tmp_path / "x")
+    assert model.config.bias is True
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf(idx).logits[:, -1:], rtol=1e-5, atol=1e-5)

@@ -5,7 +5,8 @@ A backbone with no mechanism is exactly one of two standard architectures:
 - nanoGPT's (LayerNorm, learned positions, GELU MLP, Pre-LN) is ``GPT2LMHeadModel`` with
   ``activation_function="gelu"`` (exact; ``mlp="gelu_tanh"`` is GPT-2's own ``"gelu_new"``). GPT-2's linear layers are ``Conv1D`` (weights stored
   [in, out], the transpose of ``nn.Linear``) and always have biases: a ``bias=False`` model
-  gets zero biases, which compute the same function;
+  gets zero biases, which compute the same function, and ``attnlab_bias: false`` in config.json
+  (which transformers keeps and ignores) so that reading it back drops them again;
 - the modern one (RMSNorm, RoPE, SwiGLU, optional GQA, one FFN sub-layer) is
   ``LlamaForCausalLM``: the fused ``c_attn`` splits into q/k/v_proj and the fused SwiGLU
   ``c_fc`` into gate_proj and up_proj.
@@ -29,6 +30,8 @@ KINDS = ("gpt2", "llama")
 _GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 # transformers' activation names -> attnlab's mlp: exact GELU, or GPT-2's tanh approximation
 _GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# config.json's record that a GPT-2 export's biases are zeros standing in for none (bias=False)
+GPT2_BIAS = "attnlab_bias"
 _LLAMA_BLOCK = {
     "ln_1.weight": "input_layernorm.weight",
     "ln_2.weight": "post_attention_layernorm.weight",
@@ -73,6 +76,7 @@ def config_to_hf(config: ModelConfig, kind: str | None) -> dict[str, Any]:
             "resid_pdrop": config.dropout,
             "embd_pdrop": config.dropout,
             "attn_pdrop": config.dropout,
+            GPT2_BIAS: config.bias,
         }
     if kind == "llama":
         return {
@@ -174,7 +178,7 @@ def _config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             d_ffn=read.value("n_inner", default=4 * n_embd),
             norm_eps=float(read.value("layer_norm_epsilon", default=1e-5, kind=float)),
             mlp=_GPT2_ACTIVATIONS[act],
-            bias=True,
+            bias=read.value(GPT2_BIAS, default=True, kind=bool),
             tie_embeddings=tie,
         )
     if kind == "llama":
@@ -282,9 +286,13 @@ def _to_hf(key: str, value: torch.Tensor, config: ModelConfig, kind: str):
 
 
 def state_dict_from_hf(
-    sd: dict[str, torch.Tensor], config: ModelConfig, kind: str
+    sd: dict[str, torch.Tensor], config: ModelConfig, kind: str, source: str = "config.json"
 ) -> dict[str, torch.Tensor]:
-    """An HF GPT-2 / Llama state_dict in attnlab's names (the inverse of ``state_dict_to_hf``)."""
+    """An HF GPT-2 / Llama state_dict in attnlab's names (the inverse of ``state_dict_to_hf``).
+
+    A GPT-2 export of a ``bias=False`` model loses its zero biases again; one that is no longer
+    zero (trained in transformers since) is refused rather than dropped.
+    """
     if kind == "attnlab":
         return dict(sd)
     # constant buffers some versions saved: GPT-2's causal mask, Llama's RoPE frequencies
@@ -295,6 +303,15 @@ def state_dict_from_hf(
             k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}": v
             for k, v in sd.items()
         }
+        if not config.bias:
+            biases = [k for k in sd if k.endswith(".bias")]
+            trained = [k for k in biases if sd[k].any()]
+            if trained:
+                raise AttnlabError(
+                    f"{source}: {GPT2_BIAS} is false but {trained[0]} is not zero (trained since "
+                    f"the export?); delete {GPT2_BIAS} from it to load the biases"
+                )
+            sd = {k: v for k, v in sd.items() if k not in biases}
         return {k: (v.t() if _is_conv1d(k) else v).contiguous() for k, v in sd.items()}
     sd = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in sd.items()}
     out: dict[str, torch.Tensor] = {}

@@ -381,7 +381,7 @@ def read_model_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Ten
     """The folder's weights in attnlab's names (an export in GPT-2's or Llama's converted)."""
     sd = read_weights(folder)
     kind = model_type(folder)
-    return sd if kind is None else state_dict_from_hf(sd, config, kind)
+    return sd if kind is None else state_dict_from_hf(sd, config, kind, str(folder / CONFIG))
 
 
 def check_tokenizer_fits(tokenizer: Tokenizer | None, config: ModelConfig, path: Path) -> None:
