@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -301,6 +302,48 @@ def test_a_refused_sft_leaves_nothing_behind(
     p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / out), *QUICK)
     assert error_line(p, "sft") == "refused by a check of the trainer's"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("race", ["lost-the-folder", "found-it-starting"])
+def test_an_sft_start_that_loses_the_race_for_out_leaves_the_winner_alone(
+    attnlab,  # noqa: F811
+    model_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    race: str,
+):
+    """Two sft starts into one new --out: the one that created it lost the lock to the other,
+    then removed the folder the other was training in (the finished run vanished, exit 0);
+    one that found the other starting wrote its own sft_data/ over the other's first."""
+    from attnlab.rundir import RunLock
+
+    data, out = tmp_path / "pairs.jsonl", tmp_path / "out"
+    _write_pairs(data)
+    other = RunLock(out, user="trainer")
+    if race == "found-it-starting":  # the other start holds the lock and has written its data
+        other.acquire()
+        (out / "sft_data").mkdir()
+        (out / "sft_data" / "train.bin").write_bytes(b"the other start's")
+    else:  # the other start takes the lock just after this one created the folder
+        acquire = RunLock.acquire
+
+        def taken_first(self: RunLock) -> None:
+            if not other.held:
+                acquire(other)
+                (out / "sft_data" / "train.bin").write_bytes(b"the other start's")
+            acquire(self)
+
+        monkeypatch.setattr(RunLock, "acquire", taken_first)
+    before = snapshot(tmp_path) if race == "found-it-starting" else None
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(out), *QUICK)
+    assert error_line(p, "sft") == (
+        f"{out} is in use by another trainer (PID {os.getpid()}); wait for it to finish or stop "
+        "it, or choose another folder"
+    )
+    assert (out / "sft_data" / "train.bin").read_bytes() == b"the other start's"
+    if before is not None:
+        assert snapshot(tmp_path) == before
+    other.release()
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, write_json
-from attnlab.rundir import SFT_FILE, RunDir
+from attnlab.rundir import SFT_FILE, RunDir, RunLock
 from attnlab.train import checkpoint as ckpt
 from attnlab.train.spec import with_scaled_schedule
 from attnlab.train.trainer import Trainer
@@ -270,7 +271,7 @@ def start(
     records = load_jsonl(data_path)
     # the trainer's own checks (the weights fit the model, the model fits the device...) read
     # the data written first: a refusal among them takes back what was written
-    with _removed_on_failure(run):
+    with _claimed(run) as lock:
         dropped = _write_data(
             run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path)
         )
@@ -286,6 +287,7 @@ def start(
             quiet=quiet,
             batches=sft_batches,
             init_weights=weights,
+            lock=lock,
         )
     if any(dropped.values()):  # once it started: a refused start prints its one line alone
         print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
@@ -293,19 +295,37 @@ def start(
 
 
 @contextlib.contextmanager
-def _removed_on_failure(run: RunDir) -> Iterator[None]:
-    """On any exception, remove the outermost folder this start creates: the run folder (and the
-    parents it needed), or only sft_data/ in a run folder that was there. A folder that was there
-    already stays, whatever it holds: it is not this command's to delete."""
-    created = next(
-        (p for p in [*reversed(run.path.parents), run.path, run.sft_data] if not p.exists()),
-        None,
-    )
+def _claimed(run: RunDir) -> Iterator[RunLock | None]:
+    """Create the run folder and take its lock (on the main process) before anything is written
+    there, and yield the lock for the trainer to keep.
+
+    On any exception the outermost folder this start created (the run folder and the parents it
+    needed, or only sft_data/ in a run folder that was there) is removed, and only while this
+    start holds the lock: a start that lost the race for the folder to another one leaves that
+    run alone (it removed the running run's folder). A folder that was there stays, whatever it
+    holds: it is not this command's to delete.
+    """
+    created = None
+    for folder in [*reversed(run.path.parents), run.path, run.sft_data]:
+        try:
+            folder.mkdir()  # atomic: exactly one of two racing starts creates a folder
+        except FileExistsError:
+            continue
+        created = created or folder
+    lock = run.lock() if int(os.environ.get("RANK", "0")) == 0 else None  # torchrun's main
+    new_lock_file = lock is not None and not lock.path.exists()
     try:
-        yield
+        if lock is not None:
+            lock.acquire()
+        yield lock
     except BaseException:  # Ctrl-C during the start too
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
+        if lock is not None and lock.held:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            if new_lock_file:  # a folder that was there is left as it was found
+                lock.path.unlink(missing_ok=True)
+        if lock is not None:
+            lock.release()
         raise
 
 

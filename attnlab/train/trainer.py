@@ -34,7 +34,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
-from attnlab.rundir import BEST, LATEST, RunConfig, RunDir
+from attnlab.rundir import BEST, LATEST, RunConfig, RunDir, RunLock
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 from attnlab.train.environment import environment
@@ -92,7 +92,7 @@ class Trainer:
         **options: Any,
     ) -> Trainer:
         """A new run in ``run_dir`` (refused if it already holds a checkpoint); ``options`` are
-        the constructor's: vocab_from_data, quiet, batches, init_weights."""
+        the constructor's: vocab_from_data, quiet, batches, init_weights, lock."""
         return cls(run_dir, model_config, train_config, data_dir, **options)
 
     @classmethod
@@ -130,13 +130,16 @@ class Trainer:
         batches: Any | None = None,
         init_weights: dict[str, torch.Tensor] | None = None,
         resumed: RunConfig | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
-        stream (SFT draws masked examples); ``init_weights`` start a new run from given weights."""
+        stream (SFT draws masked examples); ``init_weights`` start a new run from given weights;
+        ``lock``: the run folder's, when the caller took it before writing there itself."""
         self.run_folder = RunDir(run_dir)
         self.run_dir = self.run_folder.path
         self.quiet = quiet
-        self.lock = self.run_folder.lock()  # one trainer per run folder, taken before any write
+        # one trainer per run folder, taken before any write
+        self.lock = lock if lock is not None else self.run_folder.lock()
         self.stop_requested = False  # set by Ctrl-C: stop after the current step
         self.after_interrupt: str | None = None  # said instead of the resume command
         self.data = load_dataset(data_dir)
