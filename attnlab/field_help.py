@@ -59,7 +59,8 @@ TRAIN_HELP: dict[str, str] = {
     "dtype": "autocast precision (auto: bfloat16 on CUDA when supported, else float32)",
     "compile": "torch.compile the model before training",
     "max_seconds": "stop after this many seconds of training (null: no limit)",
-    "nan_policy": "on a non-finite loss or gradient: stop, or skip the step",
+    "nan_policy": "on a non-finite loss or gradient: stop, or skip the step (under float16 "
+    "an overflowing gradient is the loss scaler's to skip)",
     "max_bad_steps": "with nan_policy=skip: stop after this many bad steps in a row",
     "fsdp": "shard parameters with FSDP under torchrun (else DDP)",
     "tensorboard": "also write TensorBoard scalars to RUN/tb",

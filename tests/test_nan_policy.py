@@ -100,3 +100,34 @@ def test_stop_before_any_checkpoint_says_there_is_none(tiny_data: Path, tmp_path
         "may help)"
     )
     assert ckpt.checkpoint_dir(run / "latest") is None
+
+
+def test_float16_overflow_is_the_scalers_to_handle_and_its_scale_resumes(
+    tiny_data: Path, tmp_path: Path
+):
+    """Under float16 the default nan_policy=stop ended the run at the GradScaler's first
+    overflow (a finite loss, an infinite gradient: its normal start), saying a lower
+    learning_rate may help; and the scale was not saved, so a resumed run skipped other steps."""
+    cfg = tiny_train(max_iters=12, eval_interval=6, dtype="float16")
+
+    def trainer(run: str, resume: bool = False) -> Trainer:
+        if resume:
+            return Trainer.resume(tmp_path / run, quiet=True)
+        t = Trainer(tmp_path / run, tiny_model(), cfg, tiny_data, quiet=True)
+        # a scale this large overflows float16 gradients for the first dozens of halvings
+        t.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=3)
+        return t
+
+    whole = trainer("whole")
+    summary = whole.run()
+    assert summary["iters"] == 12 and summary["skipped_steps"] >= 1
+    assert whole.scaler.get_scale() < 2.0**40
+    assert all(bool(torch.isfinite(p).all()) for p in whole.model.parameters())
+    saved = ckpt.read_trainer_state(tmp_path / "whole" / "latest")["scaler"]
+    assert saved["scale"] == whole.scaler.get_scale()
+    # interrupted at 6 and resumed: the same scale, the same skipped steps, the same weights
+    trainer("split").run(until=6)
+    resumed = trainer("split", resume=True)
+    assert resumed.run()["skipped_steps"] == summary["skipped_steps"]
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -268,6 +268,8 @@ class Trainer:
             self.optimizer.load_state_dict(saved["optimizer"])
             self.sampler.load_state_dict(saved["sampler"])
             torch.set_rng_state(saved["torch_rng"])
+            if saved.get("scaler"):  # older checkpoints, and runs not in float16, have none
+                self.scaler.load_state_dict(saved["scaler"])
             if self.device.type == "cuda" and "cuda_rng" in saved:
                 torch.cuda.set_rng_state(saved["cuda_rng"])
             self.state = TrainState(**saved["state"])
@@ -297,6 +299,7 @@ class Trainer:
             "optimizer": optimizer_state,
             "sampler": self.sampler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "scaler": self.scaler.state_dict(),  # float16's loss scale: empty when unused
             "state": self.state.__dict__,
         }
         if self.device.type == "cuda":
@@ -546,10 +549,18 @@ class Trainer:
         return self.summary()
 
     def _finite_or_skip(self, loss: torch.Tensor, norm: torch.Tensor) -> bool:
-        """Apply nan_policy: True to take the step, False to drop it (raises when stopping)."""
-        if bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)):
-            self.state.bad_steps = 0
-            return True
+        """Apply nan_policy: True to take the step, False to drop it (raises when stopping).
+
+        Under float16 an overflowing gradient with a finite loss is not a bad step: it is the
+        GradScaler's normal start (and its answer to a spike); ``scaler.step`` skips the update,
+        ``scaler.update`` lowers the scale, and the step counts as skipped.
+        """
+        if bool(torch.isfinite(loss)):
+            finite = bool(torch.isfinite(norm))
+            if finite or self.scaler.is_enabled():
+                self.state.bad_steps = 0
+                self.state.skipped_steps += not finite
+                return True
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.update()
         st = self.state
