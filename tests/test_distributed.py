@@ -20,9 +20,10 @@ RECIPE = dict(max_iters=8, eval_interval=4, log_interval=1)  # log every step: c
 COMPARED = ("train_loss", "val_loss", "grad_norm")
 
 
-def overrides(**train) -> list[str]:
-    """tiny_model() + tiny_train(**train) as `key=value` arguments (vocab comes from the data)."""
-    model = {k: v for k, v in tiny_model().to_dict().items() if k != "vocab_size"}
+def overrides(*, model: dict | None = None, **train) -> list[str]:
+    """tiny_model(**model) + tiny_train(**train) as `key=value` arguments (vocab comes from the
+    data)."""
+    model = {k: v for k, v in tiny_model(**model or {}).to_dict().items() if k != "vocab_size"}
     return [f"{k}={json.dumps(v)}" for k, v in {**model, **tiny_train(**train).to_dict()}.items()]
 
 
@@ -165,3 +166,69 @@ def test_the_ddp_wrapper_goes_before_its_process_group(tiny_data: Path, tmp_path
     torchrun("train", "--data", str(tiny_data), "--out", str(out), *overrides(**recipe),
              program=(str(script),))  # fmt: skip
     assert len(metrics(out)) == 3
+
+
+SLOW_CLOCK = """
+import os, sys, time
+from attnlab.cli import main
+from attnlab.train import trainer
+if os.environ["RANK"] == "1":  # this rank's clock runs ten times fast: it runs out of time first
+    real, start = time.perf_counter, time.perf_counter()
+    trainer.time = type("Clock", (), {"perf_counter": lambda: start + 10 * (real() - start)})
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ranks_out_of_time_stop_together(tiny_data: Path, tmp_path: Path) -> None:
+    """Each rank summed its own step times, so under max_seconds one rank stopped and ran the
+    final evaluation while the other began another step: gloo's "collective mismatch" crash
+    every time (work since the last checkpoint lost), or a hang under NCCL."""
+    script = tmp_path / "slow_clock.py"
+    script.write_text(SLOW_CLOCK)
+    out = tmp_path / "run"
+    recipe = dict(max_iters=100_000, eval_interval=50, log_interval=1, max_seconds=2)
+    torchrun("train", "--data", str(tiny_data), "--out", str(out), *overrides(**recipe),
+             program=(str(script),))  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    rows = metrics(out)
+    assert summary["iters"] == max(rows) < 100_000 and "val_loss" in rows[max(rows)]
+
+
+RECORD_MASKS = """
+import hashlib, os, sys
+import torch.nn.functional as F
+from attnlab.cli import main
+real = F.dropout
+def recorded(x, p=0.5, training=True, inplace=False):
+    y = real(x, p, training, inplace)
+    if training and p > 0:
+        with open(os.path.join(os.environ["MASKS"], f"masks-{os.environ['RANK']}.txt"), "a") as f:
+            f.write(hashlib.sha1((y == 0).detach().cpu().numpy().tobytes()).hexdigest() + "\\n")
+    return y
+F.dropout = recorded
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_resumes_them(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank seeded the global generator alike, so each rank's shard of the batch got the
+    same dropout masks as every other's: noise correlated across ranks, and a run that differs
+    from one process without a word. A resumed rank also took rank 0's saved stream."""
+    script = tmp_path / "record_masks.py"
+    script.write_text(RECORD_MASKS)
+    masks = tmp_path / "masks"
+    masks.mkdir()
+    monkeypatch.setenv("MASKS", str(masks))
+    recipe = dict(RECIPE, lr_decay_iters=8, model={"dropout": 0.2})
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    data = ("--data", str(tiny_data))
+    torchrun("train", "--out", str(whole), *data, *overrides(**recipe), program=(str(script),))
+    ranks = [(masks / f"masks-{r}.txt").read_text().split() for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    assert not set(ranks[0]) & set(ranks[1])  # no mask of one rank is another's
+    # stopped at 4 and resumed on 2 ranks: each rank goes on with its own stream
+    torchrun("train", "--out", str(split), *data, *overrides(**{**recipe, "max_iters": 4}))
+    torchrun("train", "--resume", str(split), "max_iters=8")
+    assert_same_curves(whole, split, range(1, 9))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -87,6 +88,32 @@ def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.AVG)
     return value
+
+
+def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is True on any: for a decision all ranks must take at
+    the same step (one rank stopping alone leaves the others waiting in a collective)."""
+    if not env.enabled:
+        return flag
+    value = torch.tensor(float(flag), device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value)
+
+
+def rank_stream_seed(seed: int, rank: int, start_iter: int) -> int:
+    """The seed of rank ``rank``'s dropout stream from iteration ``start_iter`` on: distinct for
+    every (seed, rank, start), where ``seed + rank`` would give seed 1's rank 0 the masks of
+    seed 0's rank 1 and correlate the runs of a multi-seed study."""
+    return int(np.random.SeedSequence([seed, rank, start_iter]).generate_state(1)[0])
+
+
+def gather(value: Any, env: DistEnv) -> list[Any] | None:
+    """Every rank's ``value``, in rank order, on every rank (None in one process)."""
+    if not env.enabled:
+        return None
+    values: list[Any] = [None] * env.world_size
+    dist.all_gather_object(values, value)
+    return values
 
 
 def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -3,7 +3,7 @@
 Random streams are separate so that variants compare fairly: ``torch.manual_seed(seed)`` before
 building the model (nanoGPT's init), the data sampler's own generator (same batches whatever the
 model), fixed validation batches from ``eval_seed`` (identical across runs and evals), and the
-global RNG for dropout, saved in every checkpoint. Interrupted and resumed on CPU, a run ends
+global RNG for dropout (one stream per rank under torchrun), saved in every checkpoint. Interrupted and resumed on CPU, a run ends
 bit-identical to one never interrupted.
 """
 
@@ -161,6 +161,8 @@ class Trainer:
         self.model = GPT(model_config).to(self.device)
         if init_weights is not None and resumed is None:
             ckpt.load_weights_strict(self.model, init_weights, "init_weights")
+        if self.dist.rank:  # rank 0 goes on with nanoGPT's stream; the others draw other masks
+            torch.manual_seed(distributed.rank_stream_seed(train_config.seed, self.dist.rank, 0))
 
         def make_optimizer() -> torch.optim.Optimizer:
             return self.model.configure_optimizers(
@@ -272,6 +274,7 @@ class Trainer:
                 self.scaler.load_state_dict(saved["scaler"])
             if self.device.type == "cuda" and "cuda_rng" in saved:
                 torch.cuda.set_rng_state(saved["cuda_rng"])
+            self._restore_rank_stream(saved.get("rank_rng"), saved["state"]["iter"])
             self.state = TrainState(**saved["state"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
             reason = (str(e).splitlines() or [type(e).__name__])[0]
@@ -288,8 +291,23 @@ class Trainer:
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
 
+    def _restore_rank_stream(self, saved: list[dict[str, Any]] | None, start_iter: int) -> None:
+        """A rank other than 0 goes on with its own saved dropout stream, or, when the run was
+        saved by fewer ranks, starts one of its own at the checkpoint's iteration."""
+        rank = self.dist.rank
+        if not rank:
+            return
+        if saved is None or rank >= len(saved):
+            torch.manual_seed(distributed.rank_stream_seed(self.cfg.seed, rank, start_iter))
+            return
+        torch.set_rng_state(saved[rank]["torch"])
+        if self.device.type == "cuda" and saved[rank]["cuda"] is not None:
+            torch.cuda.set_rng_state(saved[rank]["cuda"])
+
     def save(self, name: str) -> None:
-        # a collective under FSDP (every rank gathers its shards), then rank 0 alone writes
+        # collectives first: every rank's dropout stream, and under FSDP every rank's shards
+        cuda = torch.cuda.get_rng_state() if self.device.type == "cuda" else None
+        rank_rng = distributed.gather({"torch": torch.get_rng_state(), "cuda": cuda}, self.dist)
         model, optimizer_state = distributed.full_state(
             self.model, self.optimizer, self.dist, self.cfg.fsdp, lambda: GPT(self.model_config)
         )
@@ -302,8 +320,10 @@ class Trainer:
             "scaler": self.scaler.state_dict(),  # float16's loss scale: empty when unused
             "state": self.state.__dict__,
         }
-        if self.device.type == "cuda":
-            trainer_state["cuda_rng"] = torch.cuda.get_rng_state()
+        if rank_rng is not None:  # rank 0's is torch_rng; the others resume theirs from here
+            trainer_state["rank_rng"] = rank_rng
+        if cuda is not None:
+            trainer_state["cuda_rng"] = cuda
         ckpt.save_checkpoint(
             self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state
         )
@@ -496,7 +516,10 @@ class Trainer:
                 window_tokens += positions
                 window_timed += 1
                 bar.update(1)
-                out_of_time = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
+                # each rank times its own steps: the ranks stop together when any is out of time
+                out_of_time = cfg.max_seconds is not None and distributed.any_rank(
+                    st.train_seconds >= cfg.max_seconds, self.dist, self.device
+                )
                 is_last = st.iter == stop_at or out_of_time
                 row: dict[str, Any] | None = None
                 if st.iter % cfg.log_interval == 0 or is_last:
