@@ -452,3 +452,23 @@ def test_resuming_a_finished_run_says_how_to_train_further(tiny_run, tmp_path, c
         in text
     )
     assert "resuming at" not in text
+
+
+def test_resuming_a_run_that_used_its_time_trains_nothing(tiny_data, tmp_path, capsys) -> None:
+    """--resume of a run stopped by max_seconds took one more step each time, without a word
+    (its time was already used up when it started)."""
+    from attnlab.cli import main
+
+    run = tmp_path / "run"
+    trainer = _trainer(run, tiny_data, max_iters=100_000, eval_interval=50, max_seconds=0.5)
+    summary = trainer.run()
+    assert summary["iters"] < 100_000 and summary["train_seconds"] >= 0.5
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads((run / "summary.json").read_text())["iters"] == summary["iters"]
+    assert (
+        "this run already used its max_seconds=0.5 ("
+        f"{summary['train_seconds']:.1f} s trained): nothing to train (to train further, pass a "
+        "larger max_seconds= or max_seconds=null)"
+    ) in captured.out + captured.err

@@ -372,9 +372,20 @@ class Trainer:
                 f"this run already finished its {cfg.max_iters:,} iters: nothing to train "
                 "(to train further, pass a larger max_iters=)"
             )
+        elif self._time_used_up():
+            lines.append(
+                f"this run already used its max_seconds={cfg.max_seconds:g} "
+                f"({self.state.train_seconds:.1f} s trained): nothing to train (to train further, "
+                "pass a larger max_seconds= or max_seconds=null)"
+            )
         elif self.state.iter:
             lines.append(f"resuming at iter {self.state.iter:,} of {cfg.max_iters:,}")
         return lines
+
+    def _time_used_up(self) -> bool:
+        """The run has trained its max_seconds (train_seconds is rank 0's, saved: every rank
+        reads the same)."""
+        return self.cfg.max_seconds is not None and self.state.train_seconds >= self.cfg.max_seconds
 
     # --- evaluation -------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -466,6 +477,8 @@ class Trainer:
     def _run(self, until: int | None) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
+        if self._time_used_up():  # resumed after its time ran out: it took one more step
+            stop_at = st.iter
         log = (
             MetricsLog(self.run_folder, cfg.tensorboard and self.dist.is_main)
             if self.dist.is_main
