@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, tiny_model, tiny_train
+from conftest import ROOT, run_cli, tiny_model, tiny_train
 
 from attnlab.train.trainer import Trainer
 
@@ -232,3 +232,30 @@ def test_each_rank_draws_its_own_dropout_masks_and_resumes_them(
     torchrun("train", "--out", str(split), *data, *overrides(**{**recipe, "max_iters": 4}))
     torchrun("train", "--resume", str(split), "max_iters=8")
     assert_same_curves(whole, split, range(1, 9))
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"WORLD_SIZE": "2"},
+            "WORLD_SIZE=2 is set but RANK, MASTER_ADDR and MASTER_PORT are not: start one "
+            "process per rank with torchrun (see README), or unset WORLD_SIZE to train in one "
+            "process",
+        ),
+        ({"WORLD_SIZE": "two"}, "torchrun's variables must be integers (WORLD_SIZE=two)"),
+    ],
+)
+def test_a_stray_world_size_is_one_line(
+    tiny_data: Path, tmp_path: Path, env: dict, expected: str
+) -> None:
+    """A WORLD_SIZE left in the shell (as a cluster job sets it) was KeyError: 'RANK'."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = run_cli(
+        "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *overrides(**RECIPE),
+        env={**clean, **env},
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"attnlab train: error: {expected}"
+    ]
+    assert not (tmp_path / "run").exists()

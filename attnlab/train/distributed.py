@@ -22,6 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from attnlab.errors import AttnlabError
+
+# what torchrun sets for every rank, and init_process_group's env:// rendezvous reads
+LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -40,10 +45,25 @@ class DistEnv:
 
 def setup(device_type: str) -> DistEnv:
     """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
+    try:
+        world_size = int(launch["WORLD_SIZE"] or "1")
+        rank = int(launch["RANK"] or "0")
+        local_rank = int(os.environ.get("LOCAL_RANK") or "0")
+    except ValueError:
+        shown = ", ".join(f"{k}={v}" for k, v in launch.items() if v is not None)
+        raise AttnlabError(f"torchrun's variables must be integers ({shown})") from None
     if world_size == 1:
         return DistEnv()
-    env = DistEnv(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    missing = [name for name, value in launch.items() if value is None]
+    if missing:  # a WORLD_SIZE left in the shell (a cluster job's): KeyError, or a silent wait
+        names = " and ".join([", ".join(missing[:-1]), missing[-1]] if missing[1:] else missing)
+        raise AttnlabError(
+            f"WORLD_SIZE={world_size} is set but {names} {'are' if missing[1:] else 'is'} not: "
+            "start one process "
+            "per rank with torchrun (see README), or unset WORLD_SIZE to train in one process"
+        )
+    env = DistEnv(rank, world_size, local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     if device_type == "cuda":
