@@ -290,3 +290,29 @@ def test_a_full_disk_while_logging_says_so_and_keeps_the_checkpoint(
     assert saved_iter(run / "latest") == 9  # written before the failed row, and complete
     assert leftovers(run) == []
     ckpt.load_pretrained(run / "latest")
+
+
+def test_resume_hides_the_tensorboard_points_logged_after_the_checkpoint(
+    tiny_data: Path, tmp_path: Path
+):
+    """metrics.csv dropped the rows a killed run logged after its checkpoint, but tb/ kept
+    them: every step between the checkpoint and the kill showed twice."""
+    import shutil
+
+    from conftest import tiny_model, tiny_train
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from attnlab.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    cfg = tiny_train(max_iters=10, eval_interval=5, log_interval=1, tensorboard=True)
+    Trainer(run, tiny_model(), cfg, tiny_data, quiet=True).run(until=5)
+    shutil.copytree(run / "latest", tmp_path / "at5")
+    Trainer.resume(run, quiet=True).run()  # logs 6..10, then is "killed" back to iter 5
+    shutil.rmtree(run / "latest")
+    shutil.copytree(tmp_path / "at5", run / "latest")
+    Trainer.resume(run, quiet=True).run()
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("train_loss")]
+    assert steps == list(range(1, 11))

@@ -36,7 +36,9 @@ def read_rows(path: Path) -> list[list[str]]:
 class MetricsLog:
     """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
 
-    def __init__(self, run: RunDir, tensorboard: bool) -> None:
+    def __init__(self, run: RunDir, tensorboard: bool, resumed_at: int = 0) -> None:
+        """``resumed_at``: the iteration of the checkpoint a run resumes from (0: none); what
+        TensorBoard holds from after it is hidden, as ``truncate_after`` drops it from the CSV."""
         self.path = run.metrics
         self.columns: list[str] | None = None
         self.pending: list[
@@ -49,7 +51,9 @@ class MetricsLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run.tensorboard))
+            # purge_step: the events a killed process logged past the checkpoint are logged again
+            purge = resumed_at + 1 if resumed_at else 0
+            self.writer = SummaryWriter(str(run.tensorboard), purge_step=purge)
 
     def truncate_after(self, it: int) -> None:
         """Drop rows logged after the checkpoint we resume from (they will be logged again)."""

@@ -480,7 +480,7 @@ class Trainer:
         if self._time_used_up():  # resumed after its time ran out: it took one more step
             stop_at = st.iter
         log = (
-            MetricsLog(self.run_folder, cfg.tensorboard and self.dist.is_main)
+            MetricsLog(self.run_folder, cfg.tensorboard and self.dist.is_main, st.iter)
             if self.dist.is_main
             else None
         )
