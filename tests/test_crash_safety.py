@@ -243,7 +243,12 @@ def test_a_second_trainer_on_a_run_is_refused_and_changes_nothing(train_tiny, tm
     assert Trainer.resume(run).state.iter == 5  # free again once the first has finished
 
 
-def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tiny_data: Path, tmp_path: Path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(
+    tiny_data: Path, tmp_path: Path, signum: int
+):
+    """SIGTERM (a scheduler's, `kill`'s) ended the run at once: no message, exit 143, and the
+    work since the last checkpoint lost; it now stops like Ctrl-C."""
     run = tmp_path / "run"
     args = [a for a in RUN_ARGS if not a.startswith(("max_iters", "ckpt_interval"))]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
@@ -256,19 +261,19 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(tiny_data: Path
         while not (run / "metrics.csv").is_file() or len(metrics(run)) < 3:
             assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + signum, err
     it = saved_iter(run / "latest")
     assert it >= 8
-    assert err.splitlines()[-2:] == [
-        f"interrupted at iter {it}: saved {run / 'latest'}; "
-        f"continue with: attnlab train --resume {run}",
-        "interrupted",
-    ]
+    said = f"at iter {it}: saved {run / 'latest'}; continue with: attnlab train --resume {run}"
+    if signum == signal.SIGINT:
+        assert err.splitlines()[-2:] == [f"interrupted {said}", "interrupted"]
+    else:
+        assert err.splitlines()[-1:] == [f"terminated (SIGTERM) {said}"]
     assert leftovers(run) == []
     p = run_cli("train", "--resume", str(run), f"max_iters={it + 2}", env=ENV)
     assert p.returncode == 0, p.stderr

@@ -140,7 +140,8 @@ class Trainer:
         self.quiet = quiet
         # one trainer per run folder, taken before any write
         self.lock = lock if lock is not None else self.run_folder.lock()
-        self.stop_requested = False  # set by Ctrl-C: stop after the current step
+        # the signal (SIGINT or SIGTERM) that asked to stop after the current step, or False
+        self.stop_requested: int | bool = False
         self.after_interrupt: str | None = None  # said instead of the resume command
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
@@ -455,20 +456,23 @@ class Trainer:
 
     @contextlib.contextmanager
     def _stop_on_interrupt(self) -> Any:
-        """Ctrl-C stops the loop after the current step (then a checkpoint); a second one at once."""
+        """Ctrl-C, or a SIGTERM (what a scheduler or `kill` sends before it kills), stops the
+        loop after the current step (then a checkpoint); a second one stops at once."""
         if self.dist.enabled or threading.current_thread() is not threading.main_thread():
             yield
             return
+        handled = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
 
         def stop(signum: int, frame: Any) -> None:
-            self.stop_requested = True
-            signal.signal(signal.SIGINT, previous)
+            self.stop_requested = signum
+            signal.signal(signum, previous[signum])
 
-        previous = signal.signal(signal.SIGINT, stop)
+        previous = {signum: signal.signal(signum, stop) for signum in handled}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def resume_command(self) -> str:
         sft = self.run_folder.is_sft()
@@ -567,8 +571,9 @@ class Trainer:
                 if out_of_time:
                     break
                 if self.stop_requested:
+                    term = self.stop_requested == getattr(signal, "SIGTERM", None)
                     print(
-                        f"interrupted at iter {st.iter}: "
+                        f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter {st.iter}: "
                         + (
                             self.after_interrupt
                             or f"saved {self.run_folder.latest}; continue with: "
@@ -577,6 +582,8 @@ class Trainer:
                         file=sys.stderr,
                         flush=True,
                     )
+                    if term:
+                        raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
                     raise KeyboardInterrupt
         finally:
             bar.close()
