@@ -672,7 +672,16 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
     assert error_line(p, "train") == (
         "--preset, --config: a resumed run keeps its own; leave them out"
     )
+    # seed=5 went into config.json while the weights and batches stayed seed 1337's; another
+    # eval_iters or eval_seed switched the validation batches mid-run (best/ compared both)
+    p = attnlab("train", "--resume", str(run), "seed=5", "eval_iters=1", "max_iters=12")
+    assert error_line(p, "train") == (
+        "cannot change on resume: seed=5 (the run's: 1337), eval_iters=1 (the run's: 4); a run "
+        "keeps the seed its weights and batches came from, and the validation batches its val "
+        "losses and best/ compare (to score other batches: attnlab eval)"
+    )
     assert snapshot(run) == before
+    assert attnlab("train", "--resume", str(run), "seed=1337", "eval_seed=2024").returncode == 0
 
 
 def test_a_preset_trained_on_other_data_takes_the_data_vocabulary(

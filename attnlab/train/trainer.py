@@ -59,6 +59,11 @@ def describe_device(device: torch.device, amp_dtype: torch.dtype | None) -> str:
     return f"{where}, {precision}"
 
 
+# training fields drawn on once for the whole run: a resume could record another value, never
+# honour it (the model and the batch stream came from seed; val losses from the eval batches)
+FIXED_ON_RESUME = ("seed", "eval_seed", "eval_iters")
+
+
 @dataclass
 class TrainState:
     """What a checkpoint must hold to continue exactly where it stopped."""
@@ -107,10 +112,22 @@ class Trainer:
         """Continue the run in ``run_dir`` from latest/ with its saved configs; ``overrides`` may
         change training fields (a longer ``max_iters``, say) but not the model."""
         saved = RunDir(run_dir).read_config()
+        train = saved.train.replace(**(overrides or {}))
+        changed = [
+            f"{name}={getattr(train, name)!r} (the run's: {getattr(saved.train, name)!r})"
+            for name in FIXED_ON_RESUME
+            if getattr(train, name) != getattr(saved.train, name)
+        ]
+        if changed:  # written into config.json, they would have described another run
+            raise AttnlabError(
+                f"cannot change on resume: {', '.join(changed)}; a run keeps the seed its "
+                "weights and batches came from, and the validation batches its val losses and "
+                "best/ compare (to score other batches: attnlab eval)"
+            )
         return cls(
             run_dir,
             saved.model,
-            saved.train.replace(**(overrides or {})),
+            train,
             saved.data,
             vocab_from_data=False,
             quiet=quiet,
