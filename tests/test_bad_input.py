@@ -663,10 +663,10 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
     run = tmp_path / "run"
     train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
     before = snapshot(run)
-    own = json.loads((run / "config.json").read_text())["data"]
     p = attnlab("train", "--resume", str(run), "--data", str(other_data))
     assert error_line(p, "train") == (
-        f"{run} was trained on {own}, not --data {other_data}; a resumed run keeps its own data"
+        f"cannot resume {run}: {other_data} does not hold the data it was trained on (its "
+        "tokenizer differs from the checkpoint's); pass --data with the folder that holds it"
     )
     p = attnlab("train", "--resume", str(run), "--preset", "qkve-small", "--config", "x.toml")
     assert error_line(p, "train") == (
@@ -682,6 +682,34 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
     )
     assert snapshot(run) == before
     assert attnlab("train", "--resume", str(run), "seed=1337", "eval_seed=2024").returncode == 0
+
+
+def test_a_run_resumes_from_its_data_where_it_is_now(tiny_data, attnlab, tmp_path):
+    """A run copied to another machine, or whose data folder moved, could not resume: its data
+    was "not found (run attnlab prepare first)", and --data was refused although the run's
+    fingerprint of its data proves the moved folder holds the same."""
+    import shutil
+
+    from conftest import tiny_model, tiny_train
+    from test_folder_safety import snapshot
+
+    from attnlab.train.trainer import Trainer
+
+    run, own, moved = tmp_path / "run", tmp_path / "data", tmp_path / "moved"
+    shutil.copytree(tiny_data, own)
+    cfg = tiny_train(max_iters=10, ckpt_interval=5)
+    Trainer(run, tiny_model(), cfg, own, quiet=True).run(until=5)
+    own.rename(moved)
+    before = snapshot(run)
+    p = attnlab("train", "--resume", str(run))
+    assert error_line(p, "train") == (
+        f"cannot resume {run}: its data folder {own} is gone (moved, or the run was copied from "
+        "another machine?); pass --data with the folder that holds that data now"
+    )
+    assert snapshot(run) == before
+    assert attnlab("train", "--resume", str(run), "--data", str(moved)).returncode == 0
+    assert json.loads((run / "config.json").read_text())["data"] == str(moved.resolve())
+    assert json.loads((run / "summary.json").read_text())["iters"] == 10
 
 
 def test_a_preset_trained_on_other_data_takes_the_data_vocabulary(

@@ -14,7 +14,7 @@ from attnlab.config import split_overrides
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_writable, refuse_foreign, refuse_source_inside, replace_folder
 from attnlab.presets import get_preset
-from attnlab.rundir import LOCK_FILE, RunDir, RunLock, is_run_folder, run_data_dir
+from attnlab.rundir import LOCK_FILE, RunDir, RunLock, is_run_folder
 
 if TYPE_CHECKING:
     from attnlab.train.spec import RunSpec
@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", help="TOML file with [model] / [train] tables or flat keys")
     p.add_argument(
-        "--data", help="prepared data folder (default: the embedded corpus, prepared on first use)"
+        "--data",
+        help="prepared data folder (default: the embedded corpus, prepared on first use); with "
+        "--resume: where the run's data is now, if it moved (checked against the run's record)",
     )
     p.add_argument("--out", help="run folder to create")
     p.add_argument(
@@ -67,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
         model_over, train_over = split_overrides(args.overrides)
         if model_over:
             raise AttnlabError(f"cannot change model fields on resume: {', '.join(model_over)}")
-        check_resume_flags(args)
-        trainer = Trainer.resume(args.resume, train_over)
+        # a resumed run keeps its model, recipe and folder (its data may have moved: --data)
+        refuse_resume_flags(
+            ("--preset", args.preset), ("--config", args.config), ("--out", args.out)
+        )
+        trainer = Trainer.resume(args.resume, train_over, data=args.data)
         name = f"{args.resume} (resumed)"
     else:
         if not args.out:
@@ -109,17 +114,6 @@ def refuse_resume_flags(*given: tuple[str, object]) -> None:
     flags = [flag for flag, value in given if value]
     if flags:
         raise AttnlabError(f"{', '.join(flags)}: a resumed run keeps its own; leave them out")
-
-
-def check_resume_flags(args: argparse.Namespace) -> None:
-    """A resumed run keeps its model, recipe and data: refuse flags that would say otherwise."""
-    refuse_resume_flags(("--preset", args.preset), ("--config", args.config), ("--out", args.out))
-    own = run_data_dir(args.resume)
-    if args.data and own and Path(args.data).expanduser().resolve() != Path(own).resolve():
-        raise AttnlabError(
-            f"{args.resume} was trained on {own}, not --data {args.data}; a resumed run keeps "
-            "its own data"
-        )
 
 
 def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:

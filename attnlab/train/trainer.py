@@ -108,10 +108,23 @@ class Trainer:
         *,
         quiet: bool = False,
         batches: Any | None = None,
+        data: str | Path | None = None,
     ) -> Trainer:
         """Continue the run in ``run_dir`` from latest/ with its saved configs; ``overrides`` may
-        change training fields (a longer ``max_iters``, say) but not the model."""
+        change training fields (a longer ``max_iters``, say) but not the model. ``data``: where
+        the run's data is now (moved, or on another machine), checked against its fingerprint."""
         saved = RunDir(run_dir).read_config()
+        if data is None and not Path(saved.data).is_dir():
+            raise AttnlabError(
+                f"cannot resume {run_dir}: its data folder {saved.data} is gone (moved, or the "
+                "run was copied from another machine?); pass --data with the folder that holds "
+                "that data now"
+            )
+        if data is not None and saved.data_splits is None:
+            raise AttnlabError(
+                f"cannot resume {run_dir} on --data {data}: the run records no fingerprint of "
+                "its data to check that folder against (an older run)"
+            )
         train = saved.train.replace(**(overrides or {}))
         changed = [
             f"{name}={getattr(train, name)!r} (the run's: {getattr(saved.train, name)!r})"
@@ -128,7 +141,7 @@ class Trainer:
             run_dir,
             saved.model,
             train,
-            saved.data,
+            saved.data if data is None else data,
             vocab_from_data=False,
             quiet=quiet,
             batches=batches,
@@ -203,7 +216,7 @@ class Trainer:
                 self._refuse_a_started_run()
             self.lock.acquire()
         if resumed is not None:
-            self._load_latest(resumed.data_splits)
+            self._load_latest(resumed)
         elif self.dist.is_main:
             self._start_run_dir()
         self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
@@ -261,27 +274,29 @@ class Trainer:
         self.run_folder.write_env(environment(self.device))
         self.run_folder.metrics.unlink(missing_ok=True)
 
-    def _load_latest(self, recorded_data: dict[str, Any] | None) -> None:
-        """Restore latest/ (``recorded_data``: the data fingerprint the run's config.json holds)."""
+    def _load_latest(self, saved: RunConfig) -> None:
+        """Restore latest/, once the data is the data the run's config.json records."""
         folder = ckpt.checkpoint_dir(self.run_folder.latest)
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
-        if (folder / ckpt.TOKENIZER).is_file():  # the data folder may have been prepared again
+        if self.data.dir.resolve() == Path(saved.data).resolve():  # prepared again since?
+            wrong = f"{self.data.dir} no longer holds the data it was trained on"
+            fix = "restore that data, or train a new run"
+        else:  # --data: where the data is now
+            wrong = f"{self.data.dir} does not hold the data it was trained on"
+            fix = "pass --data with the folder that holds it"
+        if (folder / ckpt.TOKENIZER).is_file():
             tokenizer = Tokenizer.load(folder / ckpt.TOKENIZER)  # damaged: its own error
             try:
                 self.data.check_model(folder, self.model_config.vocab_size, tokenizer)
             except AttnlabError:
                 raise AttnlabError(
-                    f"cannot resume {self.run_dir}: {self.data.dir} no longer holds the data it "
-                    "was trained on (its tokenizer differs from the checkpoint's); restore that "
-                    "data, or train a new run"
+                    f"cannot resume {self.run_dir}: {wrong} (its tokenizer differs from the "
+                    f"checkpoint's); {fix}"
                 ) from None
-        change = self.data.changed_since(recorded_data)
+        change = self.data.changed_since(saved.data_splits)
         if change:  # same tokenizer, other text: prepared again with another split or corpus
-            raise AttnlabError(
-                f"cannot resume {self.run_dir}: {self.data.dir} no longer holds the data it was "
-                f"trained on ({change}); restore that data, or train a new run"
-            )
+            raise AttnlabError(f"cannot resume {self.run_dir}: {wrong} ({change}); {fix}")
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
         saved = ckpt.read_trainer_state(folder)
         try:
