@@ -50,6 +50,17 @@ SFT_DATA = "sft_data"
 SFT_FILE = "sft.json"
 
 
+def _running(pid: int) -> bool:
+    """Whether a process with this PID exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RunLock:
     """An exclusive lock on a run (or study) folder, held until ``release`` or the process ends."""
 
@@ -78,10 +89,13 @@ class RunLock:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "unknown"
+            holder = f.read().strip()
             f.close()
+            # a lock held without recording its PID (--overwrite's, of the run it replaces)
+            # leaves the PID of the run's last trainer in the file, long gone: never name it
+            who = f" (PID {holder})" if holder.isdigit() and _running(int(holder)) else ""
             raise AttnlabError(
-                f"{self.run_dir} is in use by another {self.user} (PID {holder}); "
+                f"{self.run_dir} is in use by another {self.user}{who}; "
                 "wait for it to finish or stop it, or choose another folder"
             ) from None
         if self.record_pid:

@@ -243,6 +243,24 @@ def test_a_second_trainer_on_a_run_is_refused_and_changes_nothing(train_tiny, tm
     assert Trainer.resume(run).state.iter == 5  # free again once the first has finished
 
 
+def test_a_lock_held_by_an_overwrite_never_names_the_old_trainers_pid(tmp_path: Path):
+    """--overwrite holds the old run's lock without writing to it: the refusal named the PID
+    of the run's last trainer, long gone (one a user might kill once the PID is reused)."""
+    from attnlab.rundir import RunLock
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".attnlab.lock").write_text(f"{gone.pid}\n")
+    with RunLock(run, record_pid=False), pytest.raises(AttnlabError) as err:
+        RunLock(run).acquire()
+    assert str(err.value) == (
+        f"{run} is in use by another trainer; wait for it to finish or stop it, or choose "
+        "another folder"
+    )
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(
     tiny_data: Path, tmp_path: Path, signum: int
