@@ -27,8 +27,11 @@ def overrides(*, model: dict | None = None, **train) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in {**model, **tiny_train(**train).to_dict()}.items()]
 
 
-def torchrun(*args: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "attnlab")) -> None:
-    """`torchrun --standalone` (a free port, so parallel tests don't collide) on CPU ranks."""
+def torchrun(
+    *args: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "attnlab"), fails: bool = False
+) -> str:
+    """`torchrun --standalone` (a free port, so parallel tests don't collide) on CPU ranks;
+    returns stderr (``fails``: the run must fail, not succeed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
@@ -50,7 +53,8 @@ def torchrun(*args: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "attn
                 os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"torchrun timed out: {err[-3000:]}") from None
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert (proc.returncode != 0) == fails, out[-3000:] + err[-3000:]
+    return err
 
 
 def descendants(pid: int) -> list[int]:
@@ -259,3 +263,18 @@ def test_a_stray_world_size_is_one_line(
         f"attnlab train: error: {expected}"
     ]
     assert not (tmp_path / "run").exists()
+
+
+def test_every_rank_stops_on_rank_0s_refusal(tiny_data: Path, train_tiny, tmp_path: Path) -> None:
+    """Rank 0 alone checks --out and takes the run lock: it printed its one line and left, and
+    rank 1 went on into DDP and died there with a traceback (connection closed by peer)."""
+    run = tmp_path / "run"
+    train_tiny(run, **RECIPE)
+    err = torchrun("train", "--data", str(tiny_data), "--out", str(run), *overrides(**RECIPE),
+                   fails=True)  # fmt: skip
+    line = (
+        f"attnlab train: error: {run} already holds a run; use --resume, --overwrite or "
+        "another --out"
+    )
+    assert err.splitlines().count(line) == 2  # one per rank
+    assert "DistributedDataParallel" not in err and "closed by peer" not in err

@@ -127,6 +127,15 @@ def rank_stream_seed(seed: int, rank: int, start_iter: int) -> int:
     return int(np.random.SeedSequence([seed, rank, start_iter]).generate_state(1)[0])
 
 
+def from_rank0(value: Any, env: DistEnv) -> Any:
+    """Rank 0's ``value`` on every rank (``value`` itself in one process)."""
+    if not env.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather(value: Any, env: DistEnv) -> list[Any] | None:
     """Every rank's ``value``, in rank order, on every rank (None in one process)."""
     if not env.enabled:

@@ -211,10 +211,19 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
+        refused = None
         if self.dist.is_main:
-            if resumed is None:  # refused before the lock file is touched: nothing changes
-                self._refuse_a_started_run()
-            self.lock.acquire()
+            try:
+                if resumed is None:  # refused before the lock file is touched: nothing changes
+                    self._refuse_a_started_run()
+                self.lock.acquire()
+            except AttnlabError as e:
+                refused = str(e)
+        # every rank stops on rank 0's refusal (the others went on into DDP and died there with
+        # a traceback once rank 0 had left)
+        refused = distributed.from_rank0(refused, self.dist)
+        if refused is not None:
+            raise AttnlabError(refused)
         if resumed is not None:
             self._load_latest(resumed)
         elif self.dist.is_main:
