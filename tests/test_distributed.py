@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,35 @@ def test_every_rank_stops_on_rank_0s_refusal(tiny_data: Path, train_tiny, tmp_pa
     )
     assert err.splitlines().count(line) == 2  # one per rank
     assert "DistributedDataParallel" not in err and "closed by peer" not in err
+
+
+def test_ctrl_c_under_torchrun_saves_where_the_ranks_stopped(tiny_data: Path, tmp_path: Path):
+    """The ranks ignored the SIGINT torchrun passes on: killed 30 s later, no checkpoint, the
+    work since the last one lost. They now agree on a step, save there and say how to resume."""
+    run = tmp_path / "run"
+    recipe = dict(max_iters=100_000, eval_interval=100_000, log_interval=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "attnlab", "train", "--data", str(tiny_data), "--out", str(run),
+           *overrides(**recipe)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        while not (run / "metrics.csv").is_file() or len(metrics(run)) < 4:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C in its terminal: torchrun passes it on
+        _, err = proc.communicate(timeout=120)
+    finally:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    state = Trainer.resume(run, quiet=True)
+    it = state.state.iter
+    state.close()
+    assert it >= 3
+    said = f"interrupted at iter {it}: saved {run / 'latest'}; continue with: "
+    assert [line for line in err.splitlines() if line.startswith("interrupted at")] == [
+        f"{said}attnlab train --resume {run}"
+    ]

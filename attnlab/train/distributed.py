@@ -110,14 +110,14 @@ def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return value
 
 
-def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is True on any: for a decision all ranks must take at
+def max_over_ranks(values: list[float], env: DistEnv, device: torch.device) -> list[float]:
+    """Each value's maximum over the ranks, on every rank: for decisions all ranks must take at
     the same step (one rank stopping alone leaves the others waiting in a collective)."""
     if not env.enabled:
-        return flag
-    value = torch.tensor(float(flag), device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value)
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
 
 
 def rank_stream_seed(seed: int, rank: int, start_iter: int) -> int:

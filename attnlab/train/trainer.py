@@ -170,8 +170,7 @@ class Trainer:
         self.quiet = quiet
         # one trainer per run folder, taken before any write
         self.lock = lock if lock is not None else self.run_folder.lock()
-        # the signal (SIGINT or SIGTERM) that asked to stop after the current step, or False
-        self.stop_requested: int | bool = False
+        self.stop_requested = 0  # the signal (SIGINT or SIGTERM) asking to stop after this step
         self.after_interrupt: str | None = None  # said instead of the resume command
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
@@ -484,7 +483,7 @@ class Trainer:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
         if self.dist.is_main:
             self.lock.acquire()
-        self.stop_requested = False
+        self.stop_requested = 0
         try:
             with self._stop_on_interrupt():
                 return self._run(until)
@@ -498,8 +497,9 @@ class Trainer:
     @contextlib.contextmanager
     def _stop_on_interrupt(self) -> Any:
         """Ctrl-C, or a SIGTERM (what a scheduler or `kill` sends before it kills), stops the
-        loop after the current step (then a checkpoint); a second one stops at once."""
-        if self.dist.enabled or threading.current_thread() is not threading.main_thread():
+        loop after the current step (then a checkpoint); a second one stops at once. Under
+        torchrun the agent passes the signal on to every rank, and the ranks agree on the step."""
+        if threading.current_thread() is not threading.main_thread():
             yield
             return
         handled = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
@@ -574,10 +574,14 @@ class Trainer:
                 window_tokens += positions
                 window_timed += 1
                 bar.update(1)
-                # each rank times its own steps: the ranks stop together when any is out of time
-                out_of_time = cfg.max_seconds is not None and distributed.any_rank(
-                    st.train_seconds >= cfg.max_seconds, self.dist, self.device
+                # each rank times its own steps and catches its own signals: agreed on, so that
+                # the ranks stop at the same step (the signal: 0, SIGINT or SIGTERM)
+                timed_out = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
+                # (agreed into a local: the handler may set stop_requested while this runs)
+                late, agreed = distributed.max_over_ranks(
+                    [timed_out, int(self.stop_requested)], self.dist, self.device
                 )
+                out_of_time, stop = bool(late), int(agreed)
                 is_last = st.iter == stop_at or out_of_time
                 row: dict[str, Any] | None = None
                 if st.iter % cfg.log_interval == 0 or is_last:
@@ -607,22 +611,24 @@ class Trainer:
                     bar.show(row)
                     if log is not None:
                         log.write(row)
-                if st.iter % ckpt_every == 0 or is_last or self.stop_requested:
+                if st.iter % ckpt_every == 0 or is_last or stop:
                     self.save(LATEST)
                 if out_of_time:
                     break
-                if self.stop_requested:
-                    term = self.stop_requested == getattr(signal, "SIGTERM", None)
-                    print(
-                        f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter {st.iter}: "
-                        + (
-                            self.after_interrupt
-                            or f"saved {self.run_folder.latest}; continue with: "
-                            f"{self.resume_command()}"
-                        ),
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                if stop:
+                    term = stop == getattr(signal, "SIGTERM", None)
+                    if self.dist.is_main:
+                        print(
+                            f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter "
+                            f"{st.iter}: "
+                            + (
+                                self.after_interrupt
+                                or f"saved {self.run_folder.latest}; continue with: "
+                                f"{self.resume_command()}"
+                            ),
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     if term:
                         raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
                     raise KeyboardInterrupt
