@@ -43,6 +43,11 @@ class DistEnv:
         return self.rank == 0
 
 
+def launched_as_main() -> bool:
+    """Whether this process is rank 0 (or the only one), before it joins the process group."""
+    return (os.environ.get("RANK") or "0") == "0"
+
+
 def setup(device_type: str) -> DistEnv:
     """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA)."""
     launch = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
@@ -57,11 +62,14 @@ def setup(device_type: str) -> DistEnv:
         return DistEnv()
     missing = [name for name, value in launch.items() if value is None]
     if missing:  # a WORLD_SIZE left in the shell (a cluster job's): KeyError, or a silent wait
-        names = " and ".join([", ".join(missing[:-1]), missing[-1]] if missing[1:] else missing)
+        names = (
+            f"{', '.join(missing[:-1])} and {missing[-1]} are"
+            if missing[1:]
+            else f"{missing[0]} is"
+        )
         raise AttnlabError(
-            f"WORLD_SIZE={world_size} is set but {names} {'are' if missing[1:] else 'is'} not: "
-            "start one process "
-            "per rank with torchrun (see README), or unset WORLD_SIZE to train in one process"
+            f"WORLD_SIZE={world_size} is set but {names} not: start one process per rank with "
+            "torchrun (see README), or unset WORLD_SIZE to train in one process"
         )
     env = DistEnv(rank, world_size, local_rank)
     if not dist.is_initialized():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, write_json
 from attnlab.rundir import SFT_FILE, RunDir, RunLock
 from attnlab.train import checkpoint as ckpt
+from attnlab.train import distributed
 from attnlab.train.spec import with_scaled_schedule
 from attnlab.train.trainer import Trainer
 
@@ -312,7 +312,7 @@ def _claimed(run: RunDir) -> Iterator[RunLock | None]:
         except FileExistsError:
             continue
         created = created or folder
-    lock = run.lock() if int(os.environ.get("RANK", "0")) == 0 else None  # torchrun's main
+    lock = run.lock() if distributed.launched_as_main() else None  # torchrun: rank 0 locks
     new_lock_file = lock is not None and not lock.path.exists()
     try:
         if lock is not None:

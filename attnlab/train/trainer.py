@@ -3,8 +3,8 @@
 Random streams are separate so that variants compare fairly: ``torch.manual_seed(seed)`` before
 building the model (nanoGPT's init), the data sampler's own generator (same batches whatever the
 model), fixed validation batches from ``eval_seed`` (identical across runs and evals), and the
-global RNG for dropout (one stream per rank under torchrun), saved in every checkpoint. Interrupted and resumed on CPU, a run ends
-bit-identical to one never interrupted.
+global RNG for dropout (one stream per rank under torchrun), saved in every checkpoint.
+Interrupted and resumed on CPU, a run ends bit-identical to one never interrupted.
 """
 
 from __future__ import annotations
@@ -282,12 +282,12 @@ class Trainer:
         self.run_folder.write_env(environment(self.device))
         self.run_folder.metrics.unlink(missing_ok=True)
 
-    def _load_latest(self, saved: RunConfig) -> None:
+    def _load_latest(self, run_config: RunConfig) -> None:
         """Restore latest/, once the data is the data the run's config.json records."""
         folder = ckpt.checkpoint_dir(self.run_folder.latest)
         if folder is None:
             raise AttnlabError(f"cannot resume {self.run_dir}: no complete checkpoint in latest/")
-        if self.data.dir.resolve() == Path(saved.data).resolve():  # prepared again since?
+        if self.data.dir.resolve() == Path(run_config.data).resolve():  # prepared again since?
             wrong = f"{self.data.dir} no longer holds the data it was trained on"
             fix = "restore that data, or train a new run"
         else:  # --data: where the data is now
@@ -302,7 +302,7 @@ class Trainer:
                     f"cannot resume {self.run_dir}: {wrong} (its tokenizer differs from the "
                     f"checkpoint's); {fix}"
                 ) from None
-        change = self.data.changed_since(saved.data_splits)
+        change = self.data.changed_since(run_config.data_splits)
         if change:  # same tokenizer, other text: prepared again with another split or corpus
             raise AttnlabError(f"cannot resume {self.run_dir}: {wrong} ({change}); {fix}")
         ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
@@ -502,7 +502,7 @@ class Trainer:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        handled = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+        handled = (signal.SIGINT, signal.SIGTERM)
 
         def stop(signum: int, frame: Any) -> None:
             self.stop_requested = signum
@@ -616,7 +616,7 @@ class Trainer:
                 if out_of_time:
                     break
                 if stop:
-                    term = stop == getattr(signal, "SIGTERM", None)
+                    term = stop == signal.SIGTERM
                     if self.dist.is_main:
                         print(
                             f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter "
