@@ -45,7 +45,7 @@ def test_paired_t_by_hand() -> None:
         100 * (math.exp(np.mean(VARIANT)) / math.exp(np.mean(BASELINE)) - 1)
     )
     # The third pair is the only one where the variant loses.
-    assert r["wins"] == "4/5" and r["wins_n"] == 4
+    assert r["wins"] == "4/5" and r["left_out"] == 0 and not r["no_spread"]
 
 
 def test_paired_single_pair_gives_nan_not_crash() -> None:
@@ -65,10 +65,46 @@ def test_holm_hand_worked_example() -> None:
     assert holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
 
 
-def test_holm_caps_at_one_and_passes_nan() -> None:
+def test_holm_caps_at_one_and_counts_a_missing_test_as_p_one() -> None:
+    """A NaN (a comparison without a test) was dropped from the family: holm([0.01, nan, 0.04])
+    gave 0.02 and 0.04, as if there were two comparisons, not three (0.03 and 0.08)."""
     out = holm([0.5, float("nan"), 0.4])
-    # Two valid p-values: 0.4 * 2 = 0.8, then max(0.8, 0.5 * 1) = 0.8.
-    assert out[0] == pytest.approx(0.8) and out[2] == pytest.approx(0.8)
-    assert math.isnan(out[1])
+    # three in the family: 0.4 * 3 = 1.2 -> 1, then the rest can only be 1 as well
+    assert out[0] == 1.0 and out[2] == 1.0 and math.isnan(out[1])
+    out = holm([0.01, float("nan"), 0.04])
+    assert out[0] == pytest.approx(0.03) and out[2] == pytest.approx(0.08) and math.isnan(out[1])
     assert holm([0.9, 0.8]) == [1.0, 1.0]
     assert holm([]) == []
+
+
+def test_paired_comparison_leaves_out_non_finite_seeds_and_says_so() -> None:
+    """[1, nan, 1.2] vs [1.1, 1.1, 1.3] showed "2/3" wins (a missing seed read as a loss) and no
+    t or p at all."""
+    r = paired_comparison([1.0, float("nan"), 1.2, 0.9], [1.1, 1.1, 1.3, 1.05])
+    expected = paired_comparison([1.0, 1.2, 0.9], [1.1, 1.3, 1.05])
+    assert r["wins"] == "3/3 (1 non-finite left out)" and r["left_out"] == 1 and r["n"] == 3
+    assert r["t"] == expected["t"] and r["p"] == expected["p"]
+    # a diverged run (loss 3000): an unbounded change, never an OverflowError
+    r = paired_comparison([3000.0, 1.0, 1.2], [1.0, 1.1, 1.25])
+    assert r["ppl_change_pct"] == math.inf and math.isfinite(r["p"])
+
+
+def test_a_difference_equal_on_every_seed_has_no_p_value() -> None:
+    """A constant difference gave t = -inf and p = 0, printed as overwhelming evidence."""
+    r = paired_comparison([1.0, 2.0, 3.0], [1.25, 2.25, 3.25])
+    assert r["no_spread"] and math.isnan(r["t"]) and math.isnan(r["p"])
+    assert r["mean_diff"] == pytest.approx(-0.25) and r["wins"] == "3/3"
+    # equal down to rounding is no spread either
+    assert paired_comparison([1.0001, 2.0001], [1.0, 2.0])["no_spread"]
+    assert not paired_comparison([1.0001, 2.0002], [1.0, 2.0])["no_spread"]
+
+
+def test_p_values_are_never_rounded_across_a_threshold() -> None:
+    from attnlab.studies.report import p_cell, p_value
+
+    assert p_value(0.04996) == "0.04996" and p_value(0.05004) == "0.0500"
+    assert p_value(0.009996) == "0.009996" and p_value(0.0182) == "0.0182"
+    assert p_value(2.5e-5) == "2.50e-05" and p_value(0.0) == "< 1e-300"
+    assert p_value(float("nan")) == "–" and p_value(None) == "–"
+    assert p_cell({"p": float("nan"), "no_spread": True}) == "– (no spread)"
+    assert p_cell({"p": 0.0182}) == "0.0182"

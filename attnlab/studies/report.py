@@ -16,9 +16,24 @@ def num(x: Any, fmt: str = ".4f") -> str:
 
 
 def p_value(p: Any) -> str:
+    """A p-value as text, never rounded across 0.05 or 0.01 (0.04996 is not "0.0500")."""
     if p is None or (isinstance(p, float) and not math.isfinite(p)):
         return "–"
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.4f}"
+    if p == 0:  # below the smallest float: scipy's answer to an enormous t
+        return "< 1e-300"
+    if p < 1e-3:
+        return f"{p:.2e}"
+    digits = 4
+    text = f"{p:.{digits}f}"
+    while digits < 8 and any((float(text) < a) != (p < a) for a in (0.05, 0.01)):
+        digits += 1
+        text = f"{p:.{digits}f}"
+    return text
+
+
+def p_cell(comparison: dict[str, Any]) -> str:
+    """A comparison's p column: no p-value where every seed differs by the same amount."""
+    return "– (no spread)" if comparison.get("no_spread") else p_value(comparison["p"])
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:

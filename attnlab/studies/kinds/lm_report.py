@@ -13,7 +13,7 @@ from attnlab.rundir import RunDir
 from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link
-from attnlab.studies.report import md_table, num, p_value
+from attnlab.studies.report import md_table, num, p_cell, p_value
 
 CURVES = "curves.png"
 # line styles and markers cycle independently of colours, so coinciding curves stay visible
@@ -37,7 +37,8 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "## Variants",
         "",
         "Final validation loss of each run (the same fixed validation batches "
-        "for every run), over the seeds that finished.",
+        "for every run), over the seeds that finished; std is the sample std (n − 1) and the "
+        "95 % CI Student's t.",
         "",
         *_variant_table(record["variants"]),
         *_wallclock_lines(record),
@@ -45,7 +46,9 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "",
         "Paired by seed (same initial stream and batches): "
         "`scipy.stats.ttest_rel(variant, baseline)` on final val losses; Holm-corrected over "
-        "this study's comparisons; wins = seeds where the variant's loss is lower.",
+        "this study's comparisons; wins = seeds where the variant's loss is lower. Seeds with "
+        "a non-finite loss are left out (and counted); no spread = every seed differs by the "
+        "same amount, which a t-test cannot weigh.",
         "",
         *_comparison_table(results["comparisons"]),
     ]
@@ -136,7 +139,7 @@ def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
             num(c["mean_diff"], "+.4f"),
             num(c["ppl_change_pct"], "+.2f") + " %",
             f"{num(c['t'], '.2f')} ({c['df']})",
-            p_value(c["p"]),
+            p_cell(c),
             p_value(c["p_holm"]),
             c["wins"],
         ]

@@ -137,7 +137,7 @@ def with_comparisons(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "method": method,
                         "column": cell["column"],
                         "baseline": base["column"],
-                        **{k: stats[k] for k in ("n", "t", "df", "p", "mean_diff")},
+                        **{k: stats[k] for k in ("n", "t", "df", "p", "mean_diff", "no_spread")},
                         "std_diff": summarize([x - y for x, y in zip(v, b, strict=True)])["std"],
                         "wins": f"{sum(x > y for x, y in zip(v, b, strict=True))}/{len(v)}",
                     }

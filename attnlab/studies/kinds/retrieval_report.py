@@ -10,7 +10,7 @@ from typing import Any
 from attnlab.plotting import legend_outside, pyplot, save_figure
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link
-from attnlab.studies.report import md_table, num, p_value
+from attnlab.studies.report import md_table, num, p_cell, p_value
 from attnlab.studies.spec import StudySpec
 
 FIGURE = "retrieval.png"
@@ -80,7 +80,7 @@ def _comparison_lines(table: dict[str, Any], protocols: list[str]) -> list[str]:
             str(c["n"]),
             f"{c['mean_diff']:+.1f} ± {c['std_diff']:.1f}",
             f"{num(c['t'], '.2f')} ({c['df']})",
-            p_value(c["p"]),
+            p_cell(c),
             p_value(c["p_holm"]),
             c["wins"],
         ]
@@ -89,7 +89,7 @@ def _comparison_lines(table: dict[str, Any], protocols: list[str]) -> list[str]:
     return [
         f"Paired by seed against {table['baseline']} (`scipy.stats.ttest_rel`, "
         "Holm-corrected within each protocol); difference in accuracy points, mean ± "
-        "std over seeds; wins = seeds where the column is higher.",
+        "sample std (n − 1) over seeds; wins = seeds where the column is higher.",
         "",
         *md_table(["protocol", "column", "n", "difference", "t (df)", "p", "p Holm", "wins"], rows),
     ]
