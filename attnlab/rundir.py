@@ -3,7 +3,8 @@
 A run folder (``RunDir``) holds::
 
     config.json    the run's ModelConfig, TrainConfig and data folder (RunConfig)
-    env.json       versions, device, git commit and command line of the first start
+    env.json       versions, device, processes, git commit and command line of the first
+                   start, and of each resume that trains (``resumes``, with its iteration)
     metrics.csv    one row per log interval and evaluation; tb/ the same for TensorBoard
     summary.json   the latest summary (iterations, losses, throughput)
     latest/ best/  model folders (attnlab.train.checkpoint): the last and the best checkpoint
@@ -202,6 +203,18 @@ class RunDir:
 
     def write_env(self, env: dict[str, Any]) -> None:
         write_json(self.env, env)
+
+    def add_resume_env(self, env: dict[str, Any], at_iter: int) -> None:
+        """Append a resume's environment to env.json: a run trained across commits, machines or
+        process counts says which trained what. An unreadable env.json starts afresh."""
+        try:
+            recorded = json.loads(self.env.read_text())
+        except (OSError, ValueError):
+            recorded = None
+        if not isinstance(recorded, dict):
+            recorded = {}
+        resumes = recorded.get("resumes") if isinstance(recorded.get("resumes"), list) else []
+        write_json(self.env, {**recorded, "resumes": [*resumes, {"iter": at_iter, **env}]})
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json, or None if there is none (yet) or it cannot be read."""

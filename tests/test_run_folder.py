@@ -69,3 +69,21 @@ def test_not_a_run(tmp_path: Path) -> None:
     with pytest.raises(AttnlabError, match=r"config\.json is not valid JSON"):
         RunDir(tmp_path).read_config()
     assert not RunDir(tmp_path).is_run()
+
+
+def test_env_json_records_each_resume_that_trains(train_tiny, tmp_path: Path) -> None:
+    """env.json kept the first start's environment only: a run resumed at another commit, on
+    other hardware or under torchrun could not say which trained what (the kv-bias NOTES had to
+    piece its commits together by hand)."""
+    from attnlab.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
+    first = json.loads((run / "env.json").read_text())
+    assert first["processes"] == 1 and "resumes" not in first
+    Trainer.resume(run, quiet=True).run()
+    Trainer.resume(run, quiet=True).close()  # finished: nothing trains, nothing recorded
+    env = json.loads((run / "env.json").read_text())
+    assert {k: v for k, v in env.items() if k != "resumes"} == first
+    (resume,) = env["resumes"]
+    assert resume["iter"] == 5 and resume.keys() == {"iter", *first}

@@ -14,8 +14,9 @@ import torch
 import attnlab
 
 
-def environment(device: torch.device) -> dict[str, Any]:
-    """Versions, device, git commit and command line, for env.json."""
+def environment(device: torch.device, processes: int = 1) -> dict[str, Any]:
+    """Versions, device, processes (torchrun's ranks), git commit and command line, for
+    env.json."""
     try:
         commit = (
             subprocess.run(
@@ -37,6 +38,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "processes": processes,
         "git_commit": commit,
         "command": sys.argv,
     }

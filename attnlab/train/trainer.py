@@ -279,7 +279,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._refuse_a_started_run()  # again under the lock: another trainer may have begun
         self._write_run_config()
-        self.run_folder.write_env(environment(self.device))
+        self.run_folder.write_env(environment(self.device, self.dist.world_size))
         self.run_folder.metrics.unlink(missing_ok=True)
 
     def _load_latest(self, run_config: RunConfig) -> None:
@@ -331,6 +331,9 @@ class Trainer:
             read_rows(self.run_folder.metrics)
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
+            if self.state.iter < self.cfg.max_iters and not self._time_used_up():
+                env = environment(self.device, self.dist.world_size)
+                self.run_folder.add_resume_env(env, self.state.iter)
 
     def _restore_rank_stream(self, saved: list[dict[str, Any]] | None, start_iter: int) -> None:
         """A rank other than 0 goes on with its own saved dropout stream, or, when the run was
