@@ -117,6 +117,9 @@ def test_describe_names_data_model_device_and_schedule(tmp_path, tiny_data) -> N
     assert model.startswith(f"model:    tiny: {n / 1e3:.1f}K parameters, 2 layers x 32 wide")
     assert f"{trainer.model.flops_per_token() / 1e3:.1f}K FLOPs per token" in model
     assert device == f"device:   cpu, {torch.get_num_threads()} threads, float32"
+    # fsdp=true in one process was recorded in config.json and did nothing, without a word
+    sharded = _trainer(tmp_path / "fsdp", tiny_data, fsdp=True).describe("tiny")[2]
+    assert sharded == f"{device}, fsdp=true: nothing to shard in one process"
     assert schedule == (
         "schedule: 30 iters, lr 0.003, warmup 5, cosine decay to 0.0003 at 30; batch 8 x 2 accum "
         "x 32 = 512 tokens per step; eval every 10 on 4 batches; stop after 60 s"

@@ -375,6 +375,10 @@ class Trainer:
     # --- what the run is ----------------------------------------------------------------------
     def describe(self, model_name: str) -> list[str]:
         """The lines `train`, `sft` and `demo` print first: data, model, device and schedule."""
+        sharding = ""
+        if self.cfg.fsdp:  # recorded either way: say when it does nothing
+            one = ", fsdp=true: nothing to shard in one process"
+            sharding = ", FSDP" if self.dist.enabled else one
         meta, cfg, mc = self.data.meta, self.cfg, self.model_config
         lines = [
             f"data:     {self.data.dir}: {meta['train_tokens']:,} train / "
@@ -385,6 +389,7 @@ class Trainer:
             f"{_count(self.model.flops_per_token())} FLOPs per token (training)",
             f"device:   {describe_device(self.device, self.amp_dtype)}"
             + (f", {self.dist.world_size} processes" if self.dist.enabled else "")
+            + sharding
             + (", torch.compile" if cfg.compile else ""),
         ]
         decay = cfg.lr_decay_iters or cfg.max_iters
