@@ -97,6 +97,9 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
     trainer = Trainer.start(
         run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
     )
+    # said on Ctrl-C or SIGTERM instead of the resume command: run_dir is a temporary folder,
+    # removed as the demo stops
+    trainer.after_interrupt = "the unfinished demo is discarded (run `attnlab demo` again)"
     print("\n".join(trainer.describe(preset)))
     before = trainer.evaluate()
     print(f"val loss before training: {before:.4f}")
