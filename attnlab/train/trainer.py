@@ -172,6 +172,7 @@ class Trainer:
         self.lock = lock if lock is not None else self.run_folder.lock()
         self.stop_requested = 0  # the signal (SIGINT or SIGTERM) asking to stop after this step
         self.after_interrupt: str | None = None  # said instead of the resume command
+        self.resumed = False  # from a checkpoint, and not yet trained: env.json records it
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
         if vocab_from_data:
@@ -331,9 +332,7 @@ class Trainer:
             read_rows(self.run_folder.metrics)
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
-            if self.state.iter < self.cfg.max_iters and not self._time_used_up():
-                env = environment(self.device, self.dist.world_size)
-                self.run_folder.add_resume_env(env, self.state.iter)
+        self.resumed = True
 
     def _restore_rank_stream(self, saved: list[dict[str, Any]] | None, start_iter: int) -> None:
         """A rank other than 0 goes on with its own saved dropout stream, or, when the run was
@@ -539,6 +538,10 @@ class Trainer:
         )
         if log is not None:
             log.truncate_after(st.iter)
+            if self.resumed and st.iter < stop_at:  # once the resume is sure to train
+                env = environment(self.device, self.dist.world_size)
+                self.run_folder.add_resume_env(env, st.iter)
+                self.resumed = False  # a second run() of this trainer goes on, not resumes
         bar = Progress(
             self.run_dir.name, cfg.max_iters, st.iter, self.dist.is_main and not self.quiet
         )
