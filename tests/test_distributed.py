@@ -277,7 +277,9 @@ def test_every_rank_stops_on_rank_0s_refusal(tiny_data: Path, train_tiny, tmp_pa
         f"attnlab train: error: {run} already holds a run; use --resume, --overwrite or "
         "another --out"
     )
-    assert err.splitlines().count(line) == 2  # one per rank
+    # rank 0's, and rank 1's unless torchrun stopped it first; print writes the line and its
+    # newline apart, so another process's output may land between them: find the text
+    assert line in err
     assert "DistributedDataParallel" not in err and "closed by peer" not in err
 
 
@@ -308,6 +310,6 @@ def test_ctrl_c_under_torchrun_saves_where_the_ranks_stopped(tiny_data: Path, tm
     state.close()
     assert it >= 3
     said = f"interrupted at iter {it}: saved {run / 'latest'}; continue with: "
-    assert [line for line in err.splitlines() if line.startswith("interrupted at")] == [
-        f"{said}attnlab train --resume {run}"
-    ]
+    # said once, by rank 0 (counted as text: see test_every_rank_stops_on_rank_0s_refusal)
+    assert err.count("interrupted at iter") == 1
+    assert f"{said}attnlab train --resume {run}" in err
