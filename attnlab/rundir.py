@@ -213,7 +213,8 @@ class RunDir:
             recorded = None
         if not isinstance(recorded, dict):
             recorded = {}
-        resumes = recorded.get("resumes") if isinstance(recorded.get("resumes"), list) else []
+        resumes = recorded.get("resumes")
+        resumes = resumes if isinstance(resumes, list) else []
         write_json(self.env, {**recorded, "resumes": [*resumes, {"iter": at_iter, **env}]})
 
     def read_summary(self) -> dict[str, Any] | None:

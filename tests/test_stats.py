@@ -87,6 +87,9 @@ def test_paired_comparison_leaves_out_non_finite_seeds_and_says_so() -> None:
     # a diverged run (loss 3000): an unbounded change, never an OverflowError
     r = paired_comparison([3000.0, 1.0, 1.2], [1.0, 1.1, 1.25])
     assert r["ppl_change_pct"] == math.inf and math.isfinite(r["p"])
+    # no finite pair at all: no change to report (NaN, shown as "–"), not an unbounded one
+    r = paired_comparison([float("nan")], [1.0])
+    assert r["n"] == 0 and math.isnan(r["ppl_change_pct"]) and r["left_out"] == 1
 
 
 def test_a_difference_equal_on_every_seed_has_no_p_value() -> None:

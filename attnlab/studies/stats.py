@@ -54,7 +54,7 @@ def paired_comparison(variant: Sequence[float], baseline: Sequence[float]) -> di
         "p": p,
         "mean_diff": mean_diff,
         # exp overflows past a loss difference of ~709 (a diverged run): an unbounded change
-        "ppl_change_pct": 100.0 * math.expm1(mean_diff) if mean_diff < 700 else math.inf,
+        "ppl_change_pct": math.inf if mean_diff >= 700 else 100.0 * math.expm1(mean_diff),
         "wins": f"{wins}/{n}" + (f" ({left_out} non-finite left out)" if left_out else ""),
         "left_out": left_out,
         "no_spread": no_spread,

@@ -172,7 +172,8 @@ class Trainer:
         self.lock = lock if lock is not None else self.run_folder.lock()
         self.stop_requested = 0  # the signal (SIGINT or SIGTERM) asking to stop after this step
         self.after_interrupt: str | None = None  # said instead of the resume command
-        self.resumed = False  # from a checkpoint, and not yet trained: env.json records it
+        # resumed from a checkpoint, and not yet recorded in env.json (done once it trains)
+        self.resume_unrecorded = False
         self.data = load_dataset(data_dir)
         data_vocab = int(self.data.meta["vocab_size"])
         if vocab_from_data:
@@ -332,7 +333,7 @@ class Trainer:
             read_rows(self.run_folder.metrics)
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
             self._write_run_config()
-        self.resumed = True
+        self.resume_unrecorded = True
 
     def _restore_rank_stream(self, saved: list[dict[str, Any]] | None, start_iter: int) -> None:
         """A rank other than 0 goes on with its own saved dropout stream, or, when the run was
@@ -374,11 +375,11 @@ class Trainer:
     # --- what the run is ----------------------------------------------------------------------
     def describe(self, model_name: str) -> list[str]:
         """The lines `train`, `sft` and `demo` print first: data, model, device and schedule."""
+        meta, cfg, mc = self.data.meta, self.cfg, self.model_config
         sharding = ""
-        if self.cfg.fsdp:  # recorded either way: say when it does nothing
+        if cfg.fsdp:  # recorded either way: say when it does nothing
             one = ", fsdp=true: nothing to shard in one process"
             sharding = ", FSDP" if self.dist.enabled else one
-        meta, cfg, mc = self.data.meta, self.cfg, self.model_config
         lines = [
             f"data:     {self.data.dir}: {meta['train_tokens']:,} train / "
             f"{meta['val_tokens']:,} val tokens, vocab {meta['vocab_size']:,} "
@@ -538,10 +539,10 @@ class Trainer:
         )
         if log is not None:
             log.truncate_after(st.iter)
-            if self.resumed and st.iter < stop_at:  # once the resume is sure to train
+            if self.resume_unrecorded and st.iter < stop_at:  # once it is sure to train
                 env = environment(self.device, self.dist.world_size)
                 self.run_folder.add_resume_env(env, st.iter)
-                self.resumed = False  # a second run() of this trainer goes on, not resumes
+                self.resume_unrecorded = False  # a second run() goes on, it does not resume
         bar = Progress(
             self.run_dir.name, cfg.max_iters, st.iter, self.dist.is_main and not self.quiet
         )
