@@ -182,12 +182,14 @@ def swap_in(
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (POSIX). A PID no process can have counts as alive: nothing
+    is removed on its account."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process
+    except (PermissionError, OverflowError):  # someone else's process; no process at all
         return True
     return True
 
@@ -200,7 +202,7 @@ def _dead_siblings(out: Path, kind: str) -> list[Path]:
     found = []
     for path in out.parent.glob(f"{glob.escape(prefix)}*"):
         pid = path.name.removeprefix(prefix).partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             found.append(path)
     return found
 

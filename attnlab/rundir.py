@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import write_json
+from attnlab.fsutil import process_alive, write_json
 
 try:
     import fcntl
@@ -49,17 +49,6 @@ LATEST = "latest"
 BEST = "best"
 SFT_DATA = "sft_data"
 SFT_FILE = "sft.json"
-
-
-def _running(pid: int) -> bool:
-    """Whether a process with this PID exists (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunLock:
@@ -94,7 +83,7 @@ class RunLock:
             f.close()
             # a lock held without recording its PID (--overwrite's, of the run it replaces)
             # leaves the PID of the run's last trainer in the file, long gone: never name it
-            who = f" (PID {holder})" if holder.isdigit() and _running(int(holder)) else ""
+            who = f" (PID {holder})" if holder.isdigit() and process_alive(int(holder)) else ""
             raise AttnlabError(
                 f"{self.run_dir} is in use by another {self.user}{who}; "
                 "wait for it to finish or stop it, or choose another folder"
