@@ -18,9 +18,8 @@ class Preset:
     description: str
     model: dict[str, Any]
     train: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(
-        default_factory=dict
-    )  # what `prepare` to run: tokenizer, vocab_size
+    # what `prepare` to run: corpus (a shipped one, default the embedded), tokenizer, vocab_size
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 # nanoGPT's config/train_shakespeare_char.py
@@ -52,6 +51,8 @@ _KV_SEED_TRAIN = dict(
     log_interval=50,
 )
 _KV_SEED_MODEL = dict(n_layer=6, n_head=4, n_embd=128, block_size=128, bias=False, dropout=0.0)
+# the seed's data: nanoGPT's shakespeare_char, split as nanoGPT splits it (shipped)
+_KV_SEED_DATA = dict(corpus="shakespeare_char")
 # the gradient-boosted-attention paper's LM setup (Table 7): seq 256, d 256, 4 layers, BPE 16,384
 _GBA_MODEL = dict(
     n_layer=4, n_head=4, n_embd=256, block_size=256, vocab_size=16384, bias=True, dropout=0.1
@@ -81,31 +82,37 @@ PRESETS: dict[str, Preset] = {
         "kv-bias seed's vanilla baseline: 6 layers, 4 heads, n_embd 128, block 128, no bias",
         _KV_SEED_MODEL,
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "kv-bias-shakespeare-char": Preset(
         "K/V-bias purpose state at n_embd 112: the parameter-matched partner of shakespeare-char",
         {**_KV_SEED_MODEL, "n_embd": 112, "use_m_gate": True},
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "kv-bias-detached-shakespeare-char": Preset(
         "the seed's critical ablation: K/V-bias with M detached (no cross-layer gradient)",
         {**_KV_SEED_MODEL, "n_embd": 112, "use_m_gate": True, "m_gate_detached": True},
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "shakespeare-char-112": Preset(
         "control: vanilla at n_embd 112 (same width as K/V-bias, fewer parameters)",
         {**_KV_SEED_MODEL, "n_embd": 112},
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "shakespeare-char-7l": Preset(
         "control: vanilla n_embd 128 with 7 layers (more depth instead of the mechanism)",
         {**_KV_SEED_MODEL, "n_layer": 7},
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "shakespeare-char-136": Preset(
         "control: vanilla at n_embd 136 (about 10 % more parameters than K/V-bias)",
         {**_KV_SEED_MODEL, "n_embd": 136},
         _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "qkve-61m": Preset(
         "QKVE-61M: value gate, 30 layers, d 384, GQA 12/4, RoPE, RMSNorm, deep SwiGLU (d_ffn 512), tied",

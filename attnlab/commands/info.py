@@ -97,10 +97,12 @@ def load_config(target: str, overrides: list[str]) -> tuple[ModelConfig, str | N
         config, note = folder_config(target)
         return config.replace(**model_over), note
     if "vocab_size" not in get_preset(target).model and "vocab_size" not in model_over:
-        from attnlab.data.prepare import embedded_char_vocab_size
+        from attnlab.data.prepare import shipped_char_vocab_size
 
         # what `train --preset` builds: the vocabulary of the data it trains on by default
-        model_over["vocab_size"] = embedded_char_vocab_size()
+        model_over["vocab_size"] = shipped_char_vocab_size(
+            get_preset(target).data.get("corpus", "shakespeare")
+        )
     return ModelConfig.preset(target, **model_over), None
 
 

