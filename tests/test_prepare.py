@@ -43,6 +43,7 @@ def test_prepare_and_load_tiny_corpus(tmp_path, tiny_corpus: Path, tokenizer: st
     vocab_size = {"char": None, "bpe": 40, "bytebpe": 300}[tokenizer]
     out = prepare([str(tiny_corpus)], tokenizer, vocab_size, tmp_path / "data")
     assert sorted(p.name for p in out.iterdir()) == [
+        ".attnlab-manifest.json",  # what prepare wrote (attnlab.fsutil)
         "meta.json",
         "tokenizer.json",
         "train.bin",
@@ -91,7 +92,7 @@ def test_load_dataset_default_prepares_the_embedded_corpus_once(
 ) -> None:
     monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path))
     ds = load_dataset()
-    assert "preparing the embedded Shakespeare corpus" in capsys.readouterr().err
+    assert "preparing the shipped corpus 'shakespeare'" in capsys.readouterr().err
     assert ds.dir == tmp_path / "data" / "shakespeare-char"
     assert ds.meta["provenance"]["name"] == "shakespeare" and ds.tokenizer.kind == "char"
     assert 0.09 < len(ds.val) / (len(ds.train) + len(ds.val)) < 0.11
@@ -106,7 +107,7 @@ def test_load_dataset_default_prepares_the_embedded_corpus_once(
         (lambda d: (d / "val.bin").unlink(), r"val\.bin: token file not found"),
         (lambda d: (d / "meta.json").write_text("{"), r"meta\.json: unreadable"),
         (lambda d: (d / "tokenizer.json").unlink(), r"tokenizer\.json: tokenizer file not found"),
-        (lambda d: (d / "train.bin").write_bytes(b"\xff\xff"), r"train\.bin: token id 65535"),
+        (lambda d: (d / "train.bin").write_bytes(b"\xff\xff"), r"train\.bin: 1 tokens, meta"),
     ],
 )
 def test_load_dataset_names_missing_or_corrupt_files(

@@ -40,26 +40,30 @@ def test_info_build_does_not_import_dynamo() -> None:
 
 
 def test_every_config_field_has_one_line_of_help() -> None:
+    """Backbone and training fields in field_help; a mechanism's own in its SPEC (the mechanism
+    contract checks those)."""
     from attnlab.config import ModelConfig, TrainConfig
     from attnlab.field_help import ALIASES, MODEL_HELP, TRAIN_HELP
+    from attnlab.model import mechanisms
 
-    assert list(MODEL_HELP) == ModelConfig.field_names()
+    owned = mechanisms.field_help()
+    assert list(MODEL_HELP) == [f for f in ModelConfig.field_names() if f not in owned]
     assert list(TRAIN_HELP) == TrainConfig.field_names()
     assert all(h and "\n" not in h for h in [*MODEL_HELP.values(), *TRAIN_HELP.values()])
-    fields = set(MODEL_HELP) | set(TRAIN_HELP)
+    fields = set(MODEL_HELP) | set(owned) | set(TRAIN_HELP)
     assert set(ALIASES.values()) <= fields and not set(ALIASES) & fields
 
 
 def test_presets_fields_lists_type_default_and_meaning(capsys: pytest.CaptureFixture) -> None:
     from attnlab.cli import main
+    from attnlab.commands.presets import MISSING_HELP
     from attnlab.config import ModelConfig, TrainConfig
-    from attnlab.field_help import MODEL_HELP, TRAIN_HELP
 
     assert main(["presets", "--fields"]) == 0
-    rows = {
-        line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line[:2] == "  "
-    }
-    assert set(rows) == set(MODEL_HELP) | set(TRAIN_HELP)
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:2] == "  "}
+    assert set(rows) == set(ModelConfig.field_names()) | set(TrainConfig.field_names())
+    assert MISSING_HELP not in out
     assert rows["learning_rate"].split()[1:3] == ["float", str(TrainConfig().learning_rate)]
     assert rows["lr_decay_iters"].split()[1:5] == ["int", "or", "null", "null"]
     # derived at build time: the default is null, not what null becomes at n_embd 768
@@ -413,8 +417,8 @@ def test_prepare_reports_each_stage(tmp_path, capsys) -> None:
     patterns = [
         rf"reading {re.escape(str(corpus))}: 1 documents, \d+ kB train \+ \d kB val text",
         rf"training the char tokenizer: {meta['vocab_size']} tokens",
-        rf"encoding train \((\d+) kB\): {meta['train_tokens']:,} tokens",
-        rf"encoding val \(\d kB\): {meta['val_tokens']:,} tokens",
+        rf"encoding \((\d+) kB train \+ \d kB val\): {meta['train_tokens']:,} \+ "
+        rf"{meta['val_tokens']:,} tokens",
     ]
     patterns = [p + r" \(\d+\.\d s\)" for p in patterns]
     assert len(err) == len(patterns)

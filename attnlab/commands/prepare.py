@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         metavar="SOURCE",
         help="'shakespeare' (embedded Gutenberg works, the default), 'shakespeare_char' (nanoGPT's, "
-        "split as nanoGPT splits it), .txt files or folders, or hf:NAME[:CONFIG][:SPLIT]",
+        "split as nanoGPT splits it), files or folders (.txt, .jsonl, .parquet; .gz/.xz/.zst), "
+        "a dataset saved with datasets' save_to_disk, or hf:NAME[:CONFIG][:SPLIT]",
     )
     p.add_argument(
         "--tokenizer",
@@ -27,6 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lossless (keeps newlines and spacing)",
     )
     p.add_argument("--vocab-size", type=int, help="bpe/bytebpe vocabulary size (default 16384)")
+    p.add_argument(
+        "--tokenizer-sample",
+        type=int,
+        metavar="BYTES",
+        help="bpe/bytebpe learn their merges on at most this many bytes of the train text, "
+        "blocks of lines drawn with a fixed seed (default 100000000; a smaller corpus: all of it)",
+    )
     p.add_argument(
         "--val-fraction",
         type=float,
@@ -57,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         args.val_fraction,
         args.overwrite,
         progress=True,
+        tokenizer_sample=args.tokenizer_sample,
     )
     meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
     n_docs = len(meta["provenance"]["documents"])

@@ -1,4 +1,4 @@
-"""Token files (flat uint16/uint32 arrays, nanoGPT's ``.bin`` layout) and batch drawing.
+"""Batch drawing from token files (written and memory-mapped by attnlab.data.token_files).
 
 Batches come from a sampler with its own ``torch.Generator`` on the CPU, never the global RNG:
 the same seed gives the same batches whatever model, device or initialisation consumes them,
@@ -7,46 +7,23 @@ so variants of an experiment train on identical data streams.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
+from attnlab.data.token_files import read_tokens, write_tokens
 from attnlab.errors import AttnlabError
 
-DTYPES = ("uint16", "uint32")
-
-
-def _dtype_for(vocab_size: int) -> str:
-    return "uint16" if vocab_size <= 2**16 else "uint32"
-
-
-def write_tokens(path: str | Path, ids: Sequence[int] | np.ndarray, vocab_size: int) -> str:
-    """Write ``ids`` as a flat array of the smallest dtype that holds ``vocab_size``; return it."""
-    dtype = _dtype_for(vocab_size)
-    arr = np.asarray(ids, dtype=np.int64)
-    if arr.size and not 0 <= arr.min() <= arr.max() < vocab_size:
-        raise AttnlabError(f"{path}: token ids outside [0, {vocab_size})")
-    arr.astype(dtype).tofile(path)
-    return dtype
-
-
-def read_tokens(path: str | Path, dtype: str, vocab_size: int | None = None) -> np.ndarray:
-    """Memory-map a token file; with ``vocab_size``, check every id is below it."""
-    path = Path(path)
-    if dtype not in DTYPES:
-        raise AttnlabError(f"{path}: unknown token dtype {dtype!r} (expected one of {DTYPES})")
-    if not path.is_file():
-        raise AttnlabError(f"{path}: token file not found")
-    size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
-    if size % itemsize:
-        raise AttnlabError(f"{path}: {size} bytes is not a whole number of {dtype} tokens")
-    # np.memmap refuses empty files; an empty split is still a valid (if useless) split.
-    tokens = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
-    if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
-        raise AttnlabError(f"{path}: token id {int(tokens.max())} >= vocab size {vocab_size}")
-    return tokens
+# read_tokens and write_tokens: importable from here, as before token_files held them
+__all__ = [
+    "BatchSampler",
+    "SeededSampler",
+    "fixed_batches",
+    "read_tokens",
+    "sequential_windows",
+    "write_tokens",
+]
 
 
 def _to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:

@@ -4,11 +4,19 @@ A prepared folder holds ``train.bin`` and ``val.bin`` (token ids, see attnlab.da
 ``tokenizer.json`` and ``meta.json``::
 
     {"vocab_size": 84, "dtype": "uint16", "train_tokens": ..., "val_tokens": ...,
-     "tokenizer": "char", "provenance": {...}}   # provenance: see attnlab.data.corpus
+     "max_token_id": 83, "tokenizer": "char", "provenance": {...}}   # see attnlab.data.corpus
+
+(a BPE folder also records ``tokenizer_sample``: the most bytes of train text its merges were
+learned on, the seed that drew them, the bytes drawn and the train text's size).
 
 Folders are written to a temporary sibling and renamed into place, so a reader never sees a
 half-written dataset. The char vocabulary covers train and val text (nanoGPT's convention);
-BPE merges are learned on train text only.
+BPE merges are learned on train text only: all of it up to ``tokenizer_sample`` bytes, else
+blocks of whole lines drawn with a fixed seed until that many. The corpus is streamed
+(attnlab.data.corpus.CorpusStream) and encoded batch by batch straight into the token files,
+so memory does not grow with the corpus; the ids equal those of encoding each split whole.
+Loading checks the recorded largest id against the tokenizer instead of reading every token
+(folders from before it was recorded are read in full, as then).
 """
 
 from __future__ import annotations
@@ -18,21 +26,41 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
-from attnlab.data.bins import read_tokens, write_tokens
-from attnlab.data.corpus import EMBEDDED, NAMED, NANOGPT_CHAR, check_val_fraction, load_corpus
+try:
+    import fcntl
+except ImportError:  # pragma: no cover  (Windows: no lock; concurrent first runs race there)
+    fcntl = None  # type: ignore[assignment]
+
+from attnlab.data.corpus import (
+    CHUNK,
+    EMBEDDED,
+    NAMED,
+    NANOGPT_CHAR,
+    SPLITS,
+    CorpusStream,
+    check_val_fraction,
+)
+from attnlab.data.token_files import TokenWriter, read_tokens
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
-from attnlab.data.tokenizer import Tokenizer, check_bpe_vocab
+from attnlab.data.tokenizer import StreamEncoder, Tokenizer, check_bpe_vocab
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import replace_folder
+from attnlab.fsutil import holds_only, replace_folder
 
 DEFAULT_BPE_VOCAB = 16384
+# the most bytes of train text BPE learns its merges on: training time and memory stay flat
+# beyond it, while a smaller corpus (the shipped ones) is learned on whole, as before
+DEFAULT_TOKENIZER_SAMPLE = 100_000_000
+SAMPLE_SEED = 0
+SAMPLE_BLOCK = 1 << 16  # characters of whole lines drawn (or not) at a time into the sample
+PROGRESS_EVERY_S = 10.0  # off a terminal, a long stage prints how far it is this often
 META_FILE = "meta.json"
 META_KEYS = ("vocab_size", "dtype", "train_tokens", "val_tokens", "tokenizer", "provenance")
 TOKENIZERS = ("char", "bpe", "bytebpe")
@@ -62,6 +90,17 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
     return vocab_size
 
 
+def _check_sample(bpe_vocab: int | None, tokenizer_sample: int | None) -> int:
+    """The BPE sample size to use: ``tokenizer_sample`` checked, or the default."""
+    if tokenizer_sample is None:
+        return DEFAULT_TOKENIZER_SAMPLE
+    if bpe_vocab is None:
+        raise AttnlabError("--tokenizer-sample applies to the bpe tokenizers only")
+    if tokenizer_sample < 1:
+        raise AttnlabError(f"--tokenizer-sample must be at least 1 byte, got {tokenizer_sample}")
+    return tokenizer_sample
+
+
 def default_data_dir(
     tokenizer: str = "char", vocab_size: int | None = None, corpus: str = EMBEDDED
 ) -> Path:
@@ -82,13 +121,24 @@ def shipped_char_vocab_size(corpus: str = EMBEDDED) -> int:
     meta = default_data_dir(corpus=corpus) / META_FILE
     if meta.is_file():
         return int(_read_meta(meta)["vocab_size"])
-    text = load_corpus([corpus])  # not prepared yet: count the characters prepare would find
-    return Tokenizer.train_char(text.train_text + text.val_text).vocab_size
+    text = CorpusStream([corpus])  # not prepared yet: count the characters prepare would find
+    text.scan()
+    return len(text.characters)
 
 
 def is_data_folder(folder: Path) -> bool:
     """True for a folder ``prepare`` wrote (it has a meta.json), which it may replace."""
     return (folder / META_FILE).is_file()
+
+
+# what prepare writes (besides attnlab.fsutil's manifest): a file it adds must be named here
+DATA_FILES = ("train.bin", "val.bin", TOKENIZER_FILE, META_FILE)
+
+
+def _own_data_folder(folder: Path) -> bool:
+    """A data folder holding prepare's files and nothing else: prepare's to replace without
+    --overwrite (what else one holds is named first, from its manifest: attnlab.fsutil)."""
+    return is_data_folder(folder) and holds_only(folder, DATA_FILES)
 
 
 def prepare(
@@ -99,15 +149,21 @@ def prepare(
     val_fraction: float = 0.1,
     overwrite: bool = False,
     progress: bool = False,
+    tokenizer_sample: int | None = None,
+    chunk: int = CHUNK,
 ) -> Path:
     """Load, split, tokenize and write ``sources`` into the folder ``out``; return ``out``.
 
     A prepared folder at ``out`` is replaced; any other non-empty folder only with ``overwrite``.
-    ``progress`` reports each stage and its time on stderr (with the tokenizers library's own
-    bars while a BPE trains, on a terminal).
+    ``progress`` reports each stage and its time on stderr, and how far a long one is: a bar on
+    a terminal (the tokenizers library's own while a BPE trains), else a line now and then.
+    ``tokenizer_sample``: the most bytes of train text BPE learns on (None:
+    DEFAULT_TOKENIZER_SAMPLE). ``chunk``: the size of the pieces the corpus is read in
+    (characters; bytes from a file).
     """
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
     check_val_fraction(val_fraction)  # before anything is written
+    tokenizer_sample = _check_sample(bpe_vocab, tokenizer_sample)
     flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
     if out is None:
         named = list(sources or [EMBEDDED])
@@ -115,75 +171,220 @@ def prepare(
             raise AttnlabError("preparing a custom corpus needs an output folder (--out)")
         out = default_data_dir(tokenizer, vocab_size, named[0])
     out = Path(out).expanduser()
+    corpus = CorpusStream(sources, val_fraction, chunk)
+    names = ", ".join(corpus.sources)
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
     # not hf: or a shipped corpus (a file named like one in the working folder is not read)
     files = [s for s in sources or [] if s not in NAMED and Path(s).expanduser().exists()]
     with replace_folder(
-        out, "prepared data folder", overwrite, is_data_folder, flag, sources=files
+        out, "prepared data folder", overwrite, _own_data_folder, flag, sources=files
     ) as tmp:
-        with _stage(progress, f"reading {', '.join(sources or [EMBEDDED])}") as done:
-            corpus = load_corpus(sources, val_fraction)
-            done.append(
-                f"{len(corpus.provenance['documents'])} documents, "
-                f"{_mb(corpus.train_text)} train + {_mb(corpus.val_text)} val text"
+        with _stage(progress, f"reading {names}") as stage:
+            corpus.scan(stage.advance)
+            stage.done.append(
+                f"{len(corpus.parts)} documents, "
+                f"{_mb(corpus.train_bytes)} train + {_mb(corpus.val_bytes)} val text"
             )
         what = "char" if bpe_vocab is None else f"{tokenizer} (vocab {bpe_vocab:,})"
         bars = progress and sys.stderr.isatty()  # the library's bars only draw on a terminal
-        with _stage(progress, f"training the {what} tokenizer") as done:
+        with _stage(
+            progress,
+            f"training the {what} tokenizer",
+            corpus.train_bytes,
+            bpe_vocab is not None and not bars,
+        ) as stage:
             if bpe_vocab is None:
-                tok = Tokenizer.train_char(corpus.train_text + corpus.val_text)
-            elif tokenizer == "bytebpe":  # bytes: nothing in the held-out text can be unknown
-                tok = Tokenizer.train_byte_bpe(corpus.train_text, bpe_vocab, bars)
+                tok, sample = Tokenizer.from_chars(corpus.characters), None
             else:
-                tok = Tokenizer.train_bpe(
-                    corpus.train_text, bpe_vocab, alphabet=corpus.val_text, show_progress=bars
+                sample = _Sample(corpus, tokenizer_sample, tokenizer == "bytebpe", stage.advance)
+                tok = _train_bpe(tokenizer, sample, bpe_vocab, corpus.characters, bars)
+            done = f"{tok.vocab_size:,} tokens"
+            if sample is not None and sample.taken < corpus.train_bytes:
+                done += f" (learned on a {_mb(sample.taken)} sample)"
+            stage.done.append(done)
+        sizes = f"{_mb(corpus.train_bytes)} train + {_mb(corpus.val_bytes)} val"
+        with _stage(
+            progress, f"encoding ({sizes})", corpus.train_bytes + corpus.val_bytes
+        ) as stage:
+            writers = _encode(corpus, tok, tmp, stage.advance)
+            stage.done.append(f"{writers['train'].tokens:,} + {writers['val'].tokens:,} tokens")
+        for split, writer in writers.items():
+            if writer.tokens < 2:  # not one (input, target) pair to train or score on
+                raise AttnlabError(
+                    f"{names}: the {split} split has {writer.tokens} token(s), need at least 2; "
+                    f"{FEWER[split]}"
                 )
-            done.append(f"{tok.vocab_size:,} tokens")
-        counts = {}
-        for split, text in (("train", corpus.train_text), ("val", corpus.val_text)):
-            with _stage(progress, f"encoding {split} ({_mb(text)})") as done:
-                ids = tok.encode(text)
-                if len(ids) < 2:  # not one (input, target) pair to train or score on
-                    raise AttnlabError(
-                        f"{', '.join(sources or [EMBEDDED])}: the {split} split has {len(ids)} "
-                        f"token(s), need at least 2; {FEWER[split]}"
-                    )
-                dtype = write_tokens(tmp / f"{split}.bin", ids, tok.vocab_size)
-                done.append(f"{len(ids):,} tokens")
-            counts[f"{split}_tokens"] = len(ids)
         tok.save(tmp / TOKENIZER_FILE)
-        meta = {"vocab_size": tok.vocab_size, "dtype": dtype, **counts, "tokenizer": tok.kind}
-        meta["provenance"] = corpus.provenance
+        meta = {
+            "vocab_size": tok.vocab_size,
+            "dtype": writers["train"].dtype,
+            **{f"{split}_tokens": writer.tokens for split, writer in writers.items()},
+            "max_token_id": max(writer.max_id for writer in writers.values()),
+            "tokenizer": tok.kind,
+        }
+        if sample is not None:
+            meta["tokenizer_sample"] = sample.record()
+        meta["provenance"] = corpus.provenance()
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 
 
-def _mb(text: str) -> str:
-    """The UTF-8 size of ``text``: 4.5 MB, 48 kB."""
-    n = len(text.encode("utf-8"))
-    return f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+class _Sample:
+    """Batches of train-text lines for BPE to learn on: the whole train text when it holds at
+    most ``max_bytes``, else blocks of whole lines spread evenly over it (the first drawn with
+    SAMPLE_SEED), until ``max_bytes`` are kept. ``advance(n)``: the bytes of train text read."""
+
+    def __init__(
+        self, corpus: CorpusStream, max_bytes: int, keepends: bool, advance: Callable[[int], None]
+    ) -> None:
+        self.corpus, self.max_bytes = corpus, max_bytes
+        self.keepends, self.advance = keepends, advance
+        self.taken = 0  # bytes handed out so far
+
+    def __iter__(self) -> Iterator[list[str]]:
+        share = self.max_bytes / self.corpus.train_bytes
+        # every 1/share-th block from a seeded start: spread evenly over the whole text
+        credit = np.random.default_rng(SAMPLE_SEED).random()
+        texts = (text for _, text in self.corpus.split_pieces(("train",), self.advance))
+        for block in _line_blocks(texts, SAMPLE_BLOCK):
+            credit += share
+            if credit < 1:
+                continue
+            credit -= 1
+            yield block.splitlines(keepends=self.keepends)
+            self.taken += len(block.encode("utf-8"))
+            if self.taken >= self.max_bytes:
+                return
+
+    def record(self) -> dict[str, int]:
+        """What meta.json records of the sample."""
+        return {
+            "max_bytes": self.max_bytes,
+            "seed": SAMPLE_SEED,
+            "bytes": self.taken,
+            "train_bytes": self.corpus.train_bytes,
+        }
+
+
+def _line_blocks(texts: Iterable[str], size: int) -> Iterator[str]:
+    """The text of ``texts`` in blocks of whole lines, each ending at the first newline after
+    ``size`` characters (the last where the text ends)."""
+    rest = ""
+    for text in texts:
+        rest += text
+        start = 0
+        while len(rest) - start > size and (end := rest.find("\n", start + size)) >= 0:
+            yield rest[start : end + 1]
+            start = end + 1
+        rest = rest[start:]
+    if rest:
+        yield rest
+
+
+def _train_bpe(
+    kind: str, sample: _Sample, vocab_size: int, characters: str, bars: bool
+) -> Tokenizer:
+    if kind == "bytebpe":  # bytes: nothing in the held-out text can be unknown
+        return Tokenizer.train_byte_bpe(sample, vocab_size, bars)
+    # every character of the corpus gets tokens, those of the held-out text and unsampled lines too
+    return Tokenizer.train_bpe(sample, vocab_size, alphabet=characters, show_progress=bars)
+
+
+def _encode(
+    corpus: CorpusStream, tok: Tokenizer, folder: Path, advance: Callable[[int], None]
+) -> dict[str, TokenWriter]:
+    """Encode both splits in one read of the corpus into ``folder``'s token files."""
+    encoders = {split: StreamEncoder(tok) for split in SPLITS}
+    with contextlib.ExitStack() as files:
+        writers = {
+            split: files.enter_context(TokenWriter(folder / f"{split}.bin", tok.vocab_size))
+            for split in SPLITS
+        }
+        for split, text in corpus.split_pieces(advance=advance):
+            for ids in encoders[split].feed(text):
+                writers[split].write(ids)
+        for split, encoder in encoders.items():
+            for ids in encoder.finish():
+                writers[split].write(ids)
+    return writers
+
+
+def _mb(nbytes: int) -> str:
+    """A size in bytes as 4.5 MB, 48 kB."""
+    return f"{nbytes / 1e6:,.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
+
+
+class _Stage:
+    """How far a stage is: ``advance(n)`` adds ``n`` bytes done, of ``total`` (None: unknown).
+    Shown as a bar on a terminal (``bar``), else as a line every PROGRESS_EVERY_S seconds;
+    ``done`` collects what the finished stage gave (the caller appends)."""
+
+    def __init__(self, show: bool, what: str, total: int | None, bar: bool) -> None:
+        self.show, self.what, self.total = show, what, total
+        self.done: list[str] = []
+        self.count = 0
+        self.started = self._shown = time.perf_counter()
+        self.bar = None
+        # off a terminal, lines; on one, a bar unless the stage draws its own (the library's)
+        self.lines = show and not sys.stderr.isatty()
+        if show and bar and not self.lines:
+            self.bar = tqdm(
+                total=total,
+                desc=what,
+                unit="B",
+                unit_scale=True,
+                leave=False,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
+
+    def advance(self, n: int) -> None:
+        self.count += n
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.perf_counter()
+        if self.lines and now - self._shown >= PROGRESS_EVERY_S:
+            self._shown = now
+            print(self.line(now), file=sys.stderr, flush=True)
+
+    def line(self, now: float) -> str:
+        """Bytes done, rate and time left: "encoding (...): 120.0 MB of 1,000.0 MB, 60.0 MB/s,
+        15 s left"."""
+        rate = self.count / max(now - self.started, 1e-9)
+        line = f"{self.what}: {_mb(self.count)}"
+        if self.total:
+            line += f" of {_mb(self.total)}"
+        line += f", {rate / 1e6:.1f} MB/s"
+        if self.total and rate:
+            line += f", {max(self.total - self.count, 0) / rate:.0f} s left"
+        return line
 
 
 @contextlib.contextmanager
-def _stage(show: bool, what: str) -> Iterator[list[str]]:
+def _stage(show: bool, what: str, total: int | None = None, bar: bool = True) -> Iterator[_Stage]:
     """One stderr line per finished stage: what, what it gave (the caller appends), its time.
 
-    On a terminal the line appears when the stage starts (ending in "...") and is completed in
-    place; elsewhere only finished stages print, so a failure stays a one-line error.
+    On a terminal the line appears when the stage starts (ending in "...", or as a bar while it
+    advances) and is completed in place; elsewhere only finished stages print, with progress
+    lines between on a long one, so a failure early on stays a one-line error.
     """
-    live = show and sys.stderr.isatty()
+    stage = _Stage(show, what, total, bar)
+    live = show and sys.stderr.isatty() and stage.bar is None
     if live:
         print(f"{what} ...", end="", file=sys.stderr, flush=True)
-    started, done = time.perf_counter(), []
     try:
-        yield done
+        yield stage
     except BaseException:
         if live:
             print(file=sys.stderr)
         raise
+    finally:
+        if stage.bar is not None:
+            stage.bar.close()
     if show:
-        took = time.perf_counter() - started
-        end = f"{what}: {', '.join(done)} ({took:.1f} s)"
+        took = time.perf_counter() - stage.started
+        end = f"{what}: {', '.join(stage.done)} ({took:.1f} s)"
         print(f"\r{end}" if live else end, file=sys.stderr, flush=True)
 
 
@@ -276,7 +477,7 @@ def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]
     ids = tokenizer.encode("\n")
     if ids or data_dir is None:
         return ids
-    # one token: the split memory-mapped, not loaded (load_dataset scans both splits' ids)
+    # one token: the split memory-mapped alone (load_dataset opens both, and checks the ids)
     data_dir = Path(data_dir).expanduser()
     val = read_tokens(data_dir / "val.bin", _read_meta(data_dir / META_FILE)["dtype"])
     if not val.size:  # a valid split (a tiny corpus), but one with no token to start from
@@ -284,16 +485,43 @@ def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]
     return [int(val[0])]
 
 
+def shipped_default(folder: Path) -> dict[str, Any] | None:
+    """``{corpus, tokenizer, vocab_size}`` when ``folder`` is the default folder
+    (``default_data_dir``) of a shipped corpus, else None: prepared on first use."""
+    if folder.parent != attnlab_home() / "data":
+        return None
+    for corpus in NAMED:
+        if folder.name == default_data_dir(corpus=corpus).name:
+            return {"corpus": corpus}
+        for tokenizer in TOKENIZERS[1:]:
+            vocab = folder.name.removeprefix(f"{corpus}-{tokenizer}")
+            if vocab != folder.name and vocab.isdigit():
+                return {"corpus": corpus, "tokenizer": tokenizer, "vocab_size": int(vocab)}
+    return None
+
+
+def prepare_once(out: Path, corpus: str = EMBEDDED, **options: Any) -> None:
+    """Prepare a shipped corpus into its default folder ``out`` unless it is there, once however
+    many processes ask at the same time: torchrun's ranks (on every node, with a shared
+    $ATTNLAB_HOME) each prepared it and swapped in their own copy. The first to take the lock
+    file beside ``out`` prepares; the others wait for it and find the folder ready."""
+    if is_data_folder(out):
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.prepare.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
+        if not is_data_folder(out):
+            print(f"attnlab: preparing the shipped corpus {corpus!r} in {out}", file=sys.stderr)
+            prepare([corpus], out=out, **options)
+
+
 def load_dataset(data_dir: str | Path | None = None) -> Dataset:
     """Load a prepared folder; ``None`` is the embedded char corpus, prepared on first use."""
-    if data_dir is None:
-        data_dir = default_data_dir()
-        if not (data_dir / META_FILE).is_file():
-            print(
-                f"attnlab: preparing the embedded Shakespeare corpus in {data_dir}", file=sys.stderr
-            )
-            prepare(out=data_dir)
-    data_dir = Path(data_dir).expanduser()
+    data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
+    shipped = None if is_data_folder(data_dir) else shipped_default(data_dir)
+    if shipped is not None:
+        prepare_once(data_dir, **shipped)
     meta = _read_meta(data_dir / META_FILE)
     tok = Tokenizer.load(data_dir / TOKENIZER_FILE)
     vocab_size = meta["vocab_size"]
@@ -301,10 +529,20 @@ def load_dataset(data_dir: str | Path | None = None) -> Dataset:
         raise AttnlabError(
             f"{data_dir / TOKENIZER_FILE}: {tok.vocab_size} tokens, meta.json says {vocab_size}"
         )
+    max_id = meta.get("max_token_id")  # None: a folder from before prepare recorded it
+    if max_id is not None and not (isinstance(max_id, int) and 0 <= max_id < vocab_size):
+        raise AttnlabError(
+            f"{data_dir / META_FILE}: max_token_id {max_id!r} does not fit the tokenizer's "
+            f"{vocab_size} tokens"
+        )
     splits = {}
-    for split in ("train", "val"):
+    written = (data_dir / META_FILE).stat().st_mtime  # prepare writes meta.json last
+    for split in SPLITS:
         path = data_dir / f"{split}.bin"
-        splits[split] = read_tokens(path, meta["dtype"], vocab_size)
+        # the recorded largest id stands for a scan of every token (seconds at 1 GB), unless
+        # the file changed after prepare finished (edited, copied over): then it is read
+        trusted = max_id is not None and path.is_file() and path.stat().st_mtime <= written
+        splits[split] = read_tokens(path, meta["dtype"], None if trusted else vocab_size)
         if len(splits[split]) != meta[f"{split}_tokens"]:
             raise AttnlabError(
                 f"{path}: {len(splits[split])} tokens, meta.json says {meta[f'{split}_tokens']}"

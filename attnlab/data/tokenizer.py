@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,10 @@ END_TOKENS = (IM_END, "<|endoftext|>")
 _NO_SPACE_BEFORE = re.compile(r" ([.,;:!?\])])")
 _NO_SPACE_AFTER = re.compile(r"([\[(]) ")
 _APOSTROPHE = re.compile(r"(\w) ' (?=\w)")
+# where a text may be cut without changing its ids (Tokenizer.safe_cut): the pattern, and how
+# many characters of it lie before the cut
+_NEWLINE = re.compile("\n")
+_SAFE_CUTS = {"bpe": (re.compile("[\n ]"), 1), "bytebpe": (re.compile(r"\S\n(?=\S)"), 2)}
 
 
 def _codes(text: str) -> np.ndarray:
@@ -98,11 +103,10 @@ class Tokenizer:
             }
             if any(len(c) != 1 for c in vocab):
                 raise AttnlabError("char tokenizer vocabulary holds multi-character tokens")
-            chars = sorted(vocab, key=vocab.get)
-            codes = _codes("".join(chars)).astype(np.int64)
-            order = np.argsort(codes)
-            self._sorted_codes = codes[order]
-            self._sorted_ids = np.array([vocab[c] for c in chars], dtype=np.int64)[order]
+            codes = _codes("".join(vocab))
+            # id by code point; the entry past the largest code is -1, where larger ones look up
+            self._ids = np.full(int(codes.max(initial=0)) + 2, -1, dtype=np.int64)
+            self._ids[codes] = list(vocab.values())
 
     @classmethod
     def from_chars(cls, chars: Sequence[str]) -> Tokenizer:
@@ -136,17 +140,18 @@ class Tokenizer:
     @classmethod
     def train_bpe(
         cls,
-        text: str,
+        text: str | Iterable[list[str]],
         vocab_size: int,
         *,
         alphabet: Iterable[str] | None = None,
         show_progress: bool = False,
     ) -> Tokenizer:
-        """BPE of ``vocab_size`` tokens learned on ``text``.
+        """BPE of ``vocab_size`` tokens learned on ``text`` (or on batches of its lines).
 
         ``alphabet`` adds characters that must be in the vocabulary even if ``text`` lacks them
-        (prepare passes the characters of the held-out text, which it must not learn merges on).
-        ``show_progress``: the tokenizers library's own progress bars (on a terminal).
+        (prepare passes the characters of the held-out text, which it must not learn merges on);
+        given batches of lines, it must hold theirs too. ``show_progress``: the tokenizers
+        library's own progress bars (on a terminal).
         """
         check_bpe_vocab("bpe", vocab_size)
         hf = tokenizers.Tokenizer(
@@ -163,14 +168,21 @@ class Tokenizer:
         # Every character needs a word-initial token "c" and a continuation token "##c", or it
         # encodes as <unk> wherever it shows up in the other position than seen in training.
         # A doubled-character pseudo-word per character supplies both at negligible counts.
-        chars = sorted((set(text) | set(alphabet or ())) - set(string.whitespace))
-        lines = [*text.splitlines(), *(c + c for c in chars)]  # lines: threaded word counting
-        hf.train_from_iterator(lines, trainer=trainer)
+        chars = sorted(
+            (set(text if isinstance(text, str) else ()) | set(alphabet or ()))
+            - set(string.whitespace)
+        )
+        batches = [text.splitlines()] if isinstance(text, str) else text
+        # lines, not one text: the library counts words on every core
+        hf.train_from_iterator(chain(batches, [[c + c for c in chars]]), trainer=trainer)
         return cls(hf)
 
     @classmethod
-    def train_byte_bpe(cls, text: str, vocab_size: int, show_progress: bool = False) -> Tokenizer:
-        """Byte-level BPE of ``vocab_size`` tokens (the 256 byte tokens included) learned on ``text``."""
+    def train_byte_bpe(
+        cls, text: str | Iterable[list[str]], vocab_size: int, show_progress: bool = False
+    ) -> Tokenizer:
+        """Byte-level BPE of ``vocab_size`` tokens (the 256 byte tokens included) learned on
+        ``text`` (or on batches of its lines, each line with its newline)."""
         check_bpe_vocab("bytebpe", vocab_size)
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         hf = tokenizers.Tokenizer(models.BPE())
@@ -180,7 +192,8 @@ class Tokenizer:
             vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=show_progress
         )
         # keepends: newlines are tokens here, and merges such as ".\n" are worth learning
-        hf.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
+        batches = [text.splitlines(keepends=True)] if isinstance(text, str) else text
+        hf.train_from_iterator(batches, trainer=trainer)
         return cls(hf)
 
     @classmethod
@@ -249,15 +262,40 @@ class Tokenizer:
 
     def _encode_chars(self, text: str) -> np.ndarray:
         codes = _codes(text)
-        pos = np.searchsorted(self._sorted_codes, codes).clip(max=len(self._sorted_codes) - 1)
-        unknown = self._sorted_codes[pos] != codes
+        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        unknown = ids < 0
         if unknown.any():
             bad = sorted({chr(c) for c in codes[unknown]})
             listed = ", ".join(map(repr, bad[:_MAX_LISTED])) + (
                 ", ..." if len(bad) > _MAX_LISTED else ""
             )
             raise AttnlabError(f"{len(bad)} character(s) not in the vocabulary: {listed}")
-        return self._sorted_ids[pos]
+        return ids
+
+    def encode_array(self, pieces: list[str]) -> np.ndarray:
+        """Token ids of the concatenation of ``pieces``, which must be cut where ``safe_cut``
+        cuts; the pieces are encoded side by side (the library's batch encode uses every core).
+        """
+        if self.kind == "char" and self._special_re is None:
+            ids = [self._encode_chars(piece) for piece in pieces]
+        elif self.kind == "char":
+            ids = [np.asarray(self.encode(piece), dtype=np.int64) for piece in pieces]
+        else:
+            encodings = self.hf.encode_batch_fast(pieces, add_special_tokens=False)
+            ids = [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        return np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+
+    def safe_cut(self, text: str, at: int) -> int | None:
+        """The first position from ``at`` on (and before the end) where ``text`` can be cut
+        without changing its ids: the pieces encode to the whole text's ids, one after the
+        other. None: no such position yet (more text may bring one)."""
+        if self.kind == "char" and self._special_re is None:  # one token per character
+            return at if at < len(text) else None
+        # bpe's words never span a space or newline, and neither do special tokens; byte-level
+        # BPE keeps runs of whitespace together, so only a lone newline between text is safe
+        rule, width = _SAFE_CUTS.get(self.kind, (_NEWLINE, 1))
+        match = rule.search(text, max(at - width, 0))
+        return match.end() if match and match.end() < len(text) else None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (special tokens included); for ``bpe``, words joined by single spaces."""
@@ -270,3 +308,52 @@ class Tokenizer:
                 r"\1'", _NO_SPACE_AFTER.sub(r"\1", _NO_SPACE_BEFORE.sub(r"\1", text))
             )
         return text
+
+
+PIECE_CHARS = 1 << 16  # characters per piece a batch encode gets
+BATCH_PIECES = 64  # pieces per batch: a few per core on a big machine, a few MB of text
+
+
+class StreamEncoder:
+    """Token ids of a text fed to it piece by piece, equal to ``tokenizer.encode`` of the whole.
+
+    The text is cut where ``Tokenizer.safe_cut`` allows, about every ``piece_chars`` characters
+    (default PIECE_CHARS), and encoded ``batch_pieces`` (BATCH_PIECES) pieces at a time, so only about a batch of text is held (more
+    only where a stretch of text has no safe cut: a line longer than a batch, for bpe). For the
+    tokenizers ``Tokenizer.train_*`` make (no normalizer; a pre-tokenizer that safe_cut knows).
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, piece_chars: int | None = None, batch_pieces: int | None = None
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.piece_chars = piece_chars or PIECE_CHARS
+        self.batch_pieces = batch_pieces or BATCH_PIECES
+        self._rest = ""  # text not yet cut into a piece
+        self._pieces: list[str] = []
+
+    def feed(self, text: str) -> Iterator[np.ndarray]:
+        """Append ``text``; yields the ids of every batch it completes."""
+        rest, start = self._rest + text, 0
+        while len(rest) - start > self.piece_chars:
+            cut = self.tokenizer.safe_cut(rest, start + self.piece_chars)
+            if cut is None:
+                break
+            self._pieces.append(rest[start:cut])
+            start = cut
+            if len(self._pieces) >= self.batch_pieces:
+                yield self._encode()
+        self._rest = rest[start:]
+
+    def finish(self) -> Iterator[np.ndarray]:
+        """The ids of what is left."""
+        if self._rest:
+            self._pieces.append(self._rest)
+            self._rest = ""
+        if self._pieces:
+            yield self._encode()
+
+    def _encode(self) -> np.ndarray:
+        ids = self.tokenizer.encode_array(self._pieces)
+        self._pieces = []
+        return ids
