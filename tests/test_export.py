@@ -84,18 +84,19 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
     kv, dh = cfg.n_kv_head, cfg.head_dim
     slots = [("key", kv), ("value", kv)]
     if cfg.twicing:
-        slots.append(("twice", cfg.n_head))
+        slots.append(("twice.value", cfg.n_head))
     for m in range(1, cfg.boost_rounds):
         slots += [(f"r{m}.key", kv), (f"r{m}.value", kv)]
         if cfg.twicing:
-            slots.append((f"r{m}.twice", cfg.n_head))
+            slots.append((f"r{m}.twice.value", cfg.n_head))
     past = [(f"{i}.{name}", heads) for i in range(cfg.n_layer) for name, heads in slots]
     assert [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in graph.input] == [
         ("input_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
         ("attention_mask", onnx.TensorProto.INT64, ["batch", dims(graph.input[1])[1]]),
         ("position_ids", onnx.TensorProto.INT64, ["batch", "seq"]),
         *[
-            (f"past_key_values.{n}", onnx.TensorProto.FLOAT, ["batch", h, "past", dh])
+            # at least h heads: Optimum starts with num_attention_heads of them
+            (f"past_key_values.{n}", onnx.TensorProto.FLOAT, ["batch", f"heads{h}", "past", dh])
             for n, h in past
         ],
     ]
@@ -224,8 +225,8 @@ def test_onnx_left_padding_matches_unpadded(exported: tuple[GPT, Path]) -> None:
         "attention_mask": mask,
         "position_ids": (mask.cumsum(-1) - 1).clip(0),
     }
-    for i in session.get_inputs()[3:]:
-        feeds[i.name] = np.zeros((2, i.shape[1], 0, i.shape[3]), dtype=np.float32)
+    for i in session.get_inputs()[3:]:  # n_head empty heads, as Optimum passes them
+        feeds[i.name] = np.zeros((2, model.config.n_head, 0, i.shape[3]), dtype=np.float32)
     logits = session.run(["logits"], feeds)[0]
     np.testing.assert_allclose(logits[0, 6:], torch_logits(model, short)[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(logits[1], torch_logits(model, long)[0], atol=1e-4, rtol=0)
@@ -448,6 +449,7 @@ def test_export_cli_progress_and_errors(tmp_path: Path, capsys) -> None:
         "bin",
     ]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        ".attnlab-manifest.json",  # what export wrote (attnlab.fsutil)
         "config.json",
         "generation_config.json",
         "model.safetensors",
@@ -769,7 +771,12 @@ def test_export_out_refuses_foreign_folder_and_swaps(
     assert cli_main([*args[:-1], str(out)]) == 0
     assert cli_main([*args[:-1], str(out)]) == 0
     before = tree(out)
-    assert set(before) == {"config.json", "generation_config.json", "model.safetensors"}
+    assert set(before) == {
+        ".attnlab-manifest.json",  # what export wrote (attnlab.fsutil)
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    }
 
     # a failure mid-export leaves the previous export whole, and no temporary folder behind
     def fail(*_args, **_kwargs) -> None:
@@ -849,10 +856,16 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
         assert re.fullmatch(rf"cannot write {out} \([A-Z][\w ]+\); choose another --out", line)
         assert snapshot(tmp_path) == before
         return
-    else:
+    elif case == "hf-folder":
         expected = (
             f"{out} is not empty and is not a model folder exported by attnlab; pass "
             "--overwrite to replace it, or choose another --out"
+        )
+    else:  # its own output, with something else beside: named (its manifest: attnlab.fsutil)
+        expected = (
+            f"{out} holds {'README.md' if case == 'extra-file' else 'eval/'}, which attnlab did "
+            "not write there; move them out, or pass --overwrite to delete them with the model "
+            "folder exported by attnlab"
         )
     assert failed_line(capsys, status, "export") == expected
     assert snapshot(tmp_path) == before

@@ -225,17 +225,27 @@ def test_import_hf_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     if case in ("source", "inside"):
         expected = f"--out {out} would replace the source {src}; choose another --out"
-    else:
+    elif case == "hf-folder":
         expected = (
             f"{out} is not empty and is not a model folder written by import-hf; pass "
             "--overwrite to replace it, or choose another --out"
+        )
+    else:  # its own output, with something else beside: named (its manifest: attnlab.fsutil)
+        expected = (
+            f"{out} holds {'README.md' if case == 'extra-file' else 'eval/'}, which attnlab did "
+            "not write there; move them out, or pass --overwrite to delete them with the model "
+            "folder written by import-hf"
         )
     assert err == [f"attnlab import-hf: error: {expected}"]
     assert tree(tmp_path) == before
     # its own earlier output is still replaced without --overwrite
     if case == "hf-folder":
         assert cli_main(["import-hf", str(src), "--out", str(mine)]) == 0
-        assert sorted(p.name for p in mine.iterdir()) == ["config.json", "model.safetensors"]
+        assert sorted(p.name for p in mine.iterdir()) == [
+            ".attnlab-manifest.json",  # what import-hf wrote (attnlab.fsutil)
+            "config.json",
+            "model.safetensors",
+        ]
 
 
 def test_import_hf_names_the_source_when_a_weight_is_missing(tmp_path: Path, capsys) -> None:

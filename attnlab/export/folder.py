@@ -24,8 +24,21 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.export.hf import EXPORT_MARK, METADATA_FILES, write_metadata
-from attnlab.export.onnx import INT8_FILE, ONNX_FILE, write_onnx, write_onnx_int8
+from attnlab.export.hf import (
+    EXPORT_MARK,
+    GENERATION_CONFIG,
+    METADATA_FILES,
+    shipped_tokenizer,
+    write_metadata,
+)
+from attnlab.export.onnx import (
+    GENAI_CONFIG,
+    INT8_FILE,
+    ONNX_FILE,
+    genai_config,
+    write_onnx,
+    write_onnx_int8,
+)
 from attnlab.export.torchscript import write_torchscript
 from attnlab.fsutil import holds_only, replace_folder
 from attnlab.model import hf_map
@@ -65,12 +78,37 @@ def hf_state_dict(model: nn.Module, kind: str | None) -> dict[str, torch.Tensor]
     return hf_map.state_dict_to_hf(ckpt.model_state_dict(model), model.config, kind)
 
 
+def with_rows(model: nn.Module, rows: int) -> nn.Module:
+    """``model`` with its embedding (and untied output layer) grown to ``rows`` zero rows past
+    its own: a zero output row gives its token logit 0 and leaves every other logit as it was."""
+    if rows == model.config.vocab_size:
+        return model
+    sd = ckpt.model_state_dict(model)
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        if name in sd:  # a tied lm_head is not in the state_dict
+            sd[name] = torch.cat(
+                [sd[name], sd[name].new_zeros(rows - len(sd[name]), sd[name].size(1))]
+            )
+    config = model.config.replace(vocab_size=rows)
+    return ckpt.model_with_weights(config, sd, "the export's grown embedding", "cpu")
+
+
 def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
     torch.save(sd, path)
 
 
+def write_onnx_folder(model: nn.Module, folder: Path, log: Callable[[str], None] | None) -> None:
+    """model.onnx, and genai_config.json beside it where onnxruntime-genai can run the graph."""
+    write_onnx(model, folder / FILES["onnx"], ckpt.read_model_config(folder))
+    genai = genai_config(model, json.loads((folder / GENERATION_CONFIG).read_text()))
+    if genai is not None:
+        (folder / GENAI_CONFIG).write_text(json.dumps(genai, indent=2))
+    elif log is not None:
+        log(f"{'onnx':12s} no {GENAI_CONFIG}: onnxruntime-genai passes one key and value a layer")
+
+
 # every file an export may hold (a large model's ONNX weights go to an external data file)
-EXPORT_FILES = frozenset({*FILES.values(), f"{ONNX_FILE}.data", *METADATA_FILES})
+EXPORT_FILES = frozenset({*FILES.values(), f"{ONNX_FILE}.data", GENAI_CONFIG, *METADATA_FILES})
 
 
 def is_export(folder: Path) -> bool:
@@ -103,13 +141,19 @@ def export_model(
     model = model.to("cpu").eval()
     written = {}
     what = "model folder exported by attnlab"
+    shipped = None if tokenizer is None else shipped_tokenizer(tokenizer, model.config.vocab_size)
+    if shipped is not None and shipped.added:
+        model = with_rows(model, shipped.rows)
+        if log is not None:
+            tokens = ", ".join(f"{t} (id {i})" for t, i in shipped.added.items())
+            log(f"{'tokenizer':12s} added {tokens}: zero embedding rows, vocab_size {shipped.rows}")
     with replace_folder(out, what, overwrite, is_export, sources=sources) as tmp:
-        sd = hf_state_dict(model, write_metadata(tmp, model.config, tokenizer))
+        sd = hf_state_dict(model, write_metadata(tmp, model.config, shipped))
         writers: dict[str, Callable[[], None]] = {
             "safetensors": lambda: ckpt.write_state_dict(sd, tmp / FILES["safetensors"]),
             "bin": lambda: write_bin(sd, tmp / FILES["bin"]),
             "torchscript": lambda: write_torchscript(model, tmp / FILES["torchscript"]),
-            "onnx": lambda: write_onnx(model, tmp / FILES["onnx"], ckpt.read_model_config(tmp)),
+            "onnx": lambda: write_onnx_folder(model, tmp, log),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),
         }
         for fmt in formats:

@@ -16,7 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import safetensors
+import safetensors.torch
 import tokenizers
+import torch
 
 import attnlab
 from attnlab.config import ModelConfig
@@ -46,11 +49,14 @@ METADATA_FILES = (
 )
 # config.json key naming the attnlab version that exported the folder
 EXPORT_MARK = "attnlab_version"
+# config.json key listing the tokens an export added embedding rows for (token -> id)
+ADDED_KEY = "attnlab_added_tokens"
 # nanoGPT's sample.py defaults; `attnlab sample` uses the same temperature
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 200}
 AUTO_MAP = {
     "AutoConfig": "configuration_attnlab.AttnlabConfig",
     "AutoModelForCausalLM": "modeling_attnlab.AttnlabForCausalLM",
+    "AutoModelForSequenceClassification": "modeling_attnlab.AttnlabForSequenceClassification",
 }
 # the model code the remote files embed: the backbone and what it imports from attnlab
 EMBEDDED_ROOTS = ("config.py", "model/**/*.py")
@@ -109,36 +115,45 @@ def hf_config(config: ModelConfig, token_ids: dict[str, int]) -> tuple[dict[str,
 # --- tokenizer -------------------------------------------------------------------------------
 
 
-def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
-    """HF roles of the tokenizer's special tokens: ChatML's end marker is the EOS (and pad)."""
-    roles = {"bos_token": (IM_START,), "eos_token": END_TOKENS, "unk_token": (UNK,)}
-    specials = {t.content for t in tokenizer.hf.get_added_tokens_decoder().values()}
-    found = {role: next((t for t in names if t in specials), None) for role, names in roles.items()}
-    if found["eos_token"] is not None:
-        found["pad_token"] = found["eos_token"]
-    return {role: token for role, token in found.items() if token is not None}
+# the document separator a pretraining export gets as its end, start and padding token
+EOT = END_TOKENS[-1]
+# what transformers 4.x would add to every encoding: GPT-2 embeds token_type_ids as positions
+MODEL_INPUT_NAMES = ["input_ids", "attention_mask"]
 
 
-def with_unknown_token(tokenizer: Tokenizer, vocab_size: int) -> tuple[tokenizers.Tokenizer, str]:
-    """A char tokenizer's ``tokenizers`` copy that maps unseen characters to a token, and it.
+@dataclasses.dataclass
+class ShippedTokenizer:
+    """The tokenizer an export writes: the model's, completed with the tokens HF tools need."""
 
-    ``<unk>`` takes the first id the model has beyond the tokenizer's; a model with no spare id
-    maps unseen characters to its end-of-text token, or failing that to the space (or first)
-    character. attnlab's own encoder still refuses unknown characters.
+    hf: tokenizers.Tokenizer
+    roles: dict[str, str]  # bos_token / eos_token / pad_token (/ unk_token) -> token
+    added: dict[str, int]  # tokens that got a new, zero-initialised embedding row -> id
+    rows: int  # the exported model's vocab_size (the original's plus the added rows)
+
+
+def shipped_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> ShippedTokenizer:
+    """``tokenizer`` with real bos, eos, pad (and, where text can be unknown, unk) tokens.
+
+    The end token is the one the model was trained on (END_TOKENS); a pretraining tokenizer has
+    none and gets ``<|endoftext|>`` as eos, bos (lm-eval's prefix token) and pad. Char and bpe
+    tokenizers get ``<unk>`` (byte-level BPE encodes any text). A token the tokenizer lacks takes
+    the model's first spare id, or else a new id past the model's rows, which the export fills
+    with zeros (``rows``): the logits of every other token are unchanged.
     """
     data = json.loads(tokenizer.hf.to_str())
-    vocab = data["model"]["vocab"]
-    # tokenizers renumbers added tokens missing from the model's vocabulary once it holds one
-    # more entry, so every special token goes in with its id
-    vocab.update({t["content"]: t["id"] for t in data["added_tokens"]})
-    roles = special_tokens(tokenizer)
-    if tokenizer.vocab_size < vocab_size:
-        unk = UNK
-        vocab[unk] = tokenizer.vocab_size
+    present = {t["content"] for t in data["added_tokens"]}
+    eos = next((t for t in END_TOKENS if t in present), EOT)
+    roles = {"bos_token": IM_START if IM_START in present else eos, "eos_token": eos}
+    roles["pad_token"] = eos
+    if tokenizer.kind != "bytebpe":
+        roles["unk_token"] = UNK
+    missing = [t for t in dict.fromkeys(roles.values()) if t not in present]
+    new = {t: tokenizer.vocab_size + i for i, t in enumerate(missing)}
+    for token, i in new.items():
         data["added_tokens"].append(
             {
-                "id": tokenizer.vocab_size,
-                "content": UNK,
+                "id": i,
+                "content": token,
                 "single_word": False,
                 "lstrip": False,
                 "rstrip": False,
@@ -146,33 +161,48 @@ def with_unknown_token(tokenizer: Tokenizer, vocab_size: int) -> tuple[tokenizer
                 "special": True,
             }
         )
-    elif "eos_token" in roles:
-        unk = roles["eos_token"]
-    else:
-        unk = " " if " " in vocab else min(vocab, key=vocab.get)
-    data["model"]["unk_token"] = unk
-    return tokenizers.Tokenizer.from_str(json.dumps(data)), unk
+    if tokenizer.kind == "char":
+        # WordLevel needs its unknown token in the vocabulary, and tokenizers renumbers added
+        # tokens missing from it once it holds one: every special token goes in with its id
+        data["model"]["vocab"].update({t["content"]: t["id"] for t in data["added_tokens"]})
+        data["model"]["unk_token"] = UNK
+    hf = tokenizers.Tokenizer.from_str(json.dumps(data))
+    wrong = [t for t, i in new.items() if hf.token_to_id(t) != i]
+    if wrong:  # a tokenizers version that numbers added tokens its own way
+        raise AttnlabError(f"tokenizers renumbered the export's {', '.join(wrong)}")
+    added = {t: i for t, i in new.items() if i >= vocab_size}
+    return ShippedTokenizer(hf, roles, added, max(vocab_size, tokenizer.vocab_size + len(new)))
 
 
-def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | None) -> str | None:
+def write_metadata(
+    folder: Path, config: ModelConfig, tokenizer: ShippedTokenizer | None
+) -> str | None:
     """config.json (+ remote code), generation_config.json and the tokenizer files HF reads.
 
-    Returns the native kind ("gpt2", "llama") or None (attnlab's own, with remote code).
+    ``config`` already has ``tokenizer.rows`` rows. Returns the native kind ("gpt2", "llama")
+    or None (attnlab's own, with remote code).
     """
-    roles = special_tokens(tokenizer) if tokenizer is not None else {}
+    roles = tokenizer.roles if tokenizer is not None else {}
     hf = tokenizer.hf if tokenizer is not None else None
-    if tokenizer is not None and tokenizer.kind == "char":
-        hf, roles["unk_token"] = with_unknown_token(tokenizer, config.vocab_size)
-    ids = {f"{role[:-6]}_token_id": hf.token_to_id(tok) for role, tok in roles.items()}
+    # GPT-2's and Llama's configs default to ids of their own vocabularies: always say none
+    ids = {f"{role}_token_id": None for role in ("bos", "eos", "pad")}
+    ids.update(
+        {f"{role[:-6]}_token_id": hf.token_to_id(t) for role, t in roles.items() if hf is not None}
+    )
     ids.pop("unk_token_id", None)
     data, kind = hf_config(config, ids)
+    if tokenizer is not None and tokenizer.added:
+        data[ADDED_KEY] = tokenizer.added
     (folder / ckpt.CONFIG).write_text(json.dumps(data, indent=2))
     if kind is None:
         for name, text in remote_code().items():
             (folder / name).write_text(text)
     # no max_length: transformers warns on every generate(max_new_tokens=...) when the model's
     # generation config sets one (the context limit is config.json's, and the tokenizer's)
-    generation = {**ids, **SAMPLING}
+    generation = {k: v for k, v in ids.items() if v is not None} | SAMPLING
+    if tokenizer is not None and tokenizer.added:
+        # rows the model never trained: sampling from the rest is `attnlab sample`'s distribution
+        generation["suppress_tokens"] = sorted(tokenizer.added.values())
     (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
     if hf is None:
         return kind
@@ -191,6 +221,10 @@ def write_metadata(folder: Path, config: ModelConfig, tokenizer: Tokenizer | Non
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": config.block_size,
+        "model_input_names": MODEL_INPUT_NAMES,
+        # batched generation needs the prompts' ends aligned; transformers 4.x pipelines pad on
+        # the tokenizer's side (5.x pads left itself); the models read positions off the mask
+        "padding_side": "left",
         "clean_up_tokenization_spaces": False,
         "added_tokens_decoder": added,
         **roles,
@@ -219,17 +253,53 @@ def attnlab_tokenizer(path: Path) -> Tokenizer | None:
     return tokenizer if TOKENIZER_DECODERS[tokenizer.kind] == decoder else None
 
 
-def import_hf(
-    source: str | Path, out: str | Path, overwrite: bool = False
-) -> tuple[Any, Path, str | None]:
-    """A local GPT-2 or Llama folder (config.json + safetensors or bin) as an attnlab model folder.
+# transformers' index of a checkpoint saved in shards: {"weight_map": {tensor: shard file}}
+SHARD_INDEX = {
+    ckpt.WEIGHTS: f"{ckpt.WEIGHTS}.index.json",
+    ckpt.BIN_WEIGHTS: f"{ckpt.BIN_WEIGHTS}.index.json",
+}
 
-    Returns (model, out, tokenizer kind or None). Weights load through safetensors or the
-    weights-only unpickler; ``tokenizer.json`` comes along when it is one of attnlab's kinds
-    (GPT-2's byte-level BPE is).
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors: one weights file (attnlab.train.checkpoint.read_weights) or the
+    shards a ``model.safetensors.index.json`` (or ``pytorch_model.bin.index.json``) lists."""
+    single = [name for name in SHARD_INDEX if (folder / name).is_file()]
+    index = next((folder / i for w, i in SHARD_INDEX.items() if (folder / i).is_file()), None)
+    if single or index is None:
+        return ckpt.read_weights(folder)
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise AttnlabError(f"{index} is not a shard index ({type(e).__name__}: {e})") from None
+    sd: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        path = folder / shard
+        if Path(shard).name != shard or not path.is_file():
+            raise AttnlabError(f"{index} lists {shard!r}, which is not a file beside it")
+        if shard.endswith(".safetensors"):
+            try:
+                sd.update(safetensors.torch.load_file(str(path)))
+            except (safetensors.SafetensorError, OSError, ValueError) as e:
+                raise AttnlabError(f"{path} is truncated or corrupted ({e})") from None
+        else:
+            sd.update(ckpt.check_tensors(ckpt.safe_torch_load(path), path))
+    missing = sorted(set(weight_map) - set(sd))
+    if missing:
+        raise AttnlabError(f"{index} lists {missing[0]}, which none of its shards holds")
+    return ckpt.check_tensors(sd, index)
+
+
+def read_hf_folder(
+    source: str | Path,
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer | None]:
+    """(config, weights in attnlab's names, tokenizer or None) of a local GPT-2, Llama or
+    attnlab (remote-code) folder: config.json + safetensors or bin, one file or shards.
+
+    Weights load through safetensors or the weights-only unpickler; ``tokenizer.json`` comes
+    along when it is one of attnlab's kinds (GPT-2's byte-level BPE is).
     """
-    folder, out = Path(source).expanduser(), Path(out).expanduser()
-    ckpt.refuse_run_checkpoint(out)
+    folder = Path(source).expanduser()
     path = folder / ckpt.CONFIG
     if not path.is_file():
         raise AttnlabError(f"{folder} has no {ckpt.CONFIG}; expected a Hugging Face model folder")
@@ -240,16 +310,32 @@ def import_hf(
     if not isinstance(data, dict):  # a list or a number said "model_type None"
         raise AttnlabError(f"{path} is not a JSON object; expected a Hugging Face config.json")
     kind = data.get("model_type")
-    if kind not in hf_map.KINDS:
-        raise AttnlabError(f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders")
+    if kind not in (*hf_map.KINDS, "attnlab"):
+        raise AttnlabError(
+            f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders "
+            "(and attnlab's own exports)"
+        )
     config = hf_map.config_from_hf(data, str(path))
     check_fits(config, "cpu", what=str(folder))
-    sd = hf_map.state_dict_from_hf(ckpt.read_weights(folder), config, kind, str(path))
-    model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
+    sd = hf_map.state_dict_from_hf(read_hf_weights(folder), config, kind, str(path))
     tokenizer = None
     if (folder / ckpt.TOKENIZER).is_file():
         tokenizer = attnlab_tokenizer(folder / ckpt.TOKENIZER)
         ckpt.check_tokenizer_fits(tokenizer, config, folder / ckpt.TOKENIZER)
+    return config, sd, tokenizer
+
+
+def import_hf(
+    source: str | Path, out: str | Path, overwrite: bool = False
+) -> tuple[Any, Path, str | None]:
+    """A local HF folder (see ``read_hf_folder``) as an attnlab model folder.
+
+    Returns (model, out, tokenizer kind or None).
+    """
+    folder, out = Path(source).expanduser(), Path(out).expanduser()
+    ckpt.refuse_run_checkpoint(out)
+    config, sd, tokenizer = read_hf_folder(folder)
+    model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
     with replace_folder(
         out, "model folder written by import-hf", overwrite, ckpt.is_model_folder, sources=[folder]
     ) as tmp:

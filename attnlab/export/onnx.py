@@ -3,10 +3,13 @@
 The graph takes ``input_ids`` (int64 [batch, seq]), ``attention_mask`` (int64 [batch, past + seq],
 0 = padding), ``position_ids`` (int64 [batch, seq]) and the cache as ``past_key_values.L.key`` /
 ``.value`` ([batch, kv_heads, past, head_dim], the names Optimum and onnxruntime-genai use), plus
-whatever per-token state a mechanism caches (``.twice`` for Twicing's 2V - AV, ``.rM.key`` /
-``.rM.value`` for boosting round M); it returns ``logits`` for every new position and the grown
-cache as ``present.L.*``. The first step passes a cache of length 0, so one graph both
-prefills and decodes.
+whatever per-token state a mechanism caches (``.twice.value`` for Twicing's 2V - AV, ``.rM.key``
+/ ``.rM.value`` for boosting round M: every name holds ``.key`` or ``.value``, which is how
+Optimum finds the cache it feeds back); it returns ``logits`` for every new position and the
+grown cache as ``present.L.*``. The first step passes a cache of length 0, so one graph both
+prefills and decodes. A cache input may have more heads than the graph reads (it reads the
+first ones): Optimum starts every model it does not know with ``num_attention_heads`` empty
+heads, whatever the model's kv heads.
 
 ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handles every
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
@@ -40,6 +43,7 @@ from attnlab.model.generation import stream
 from attnlab.train import checkpoint as ckpt
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model-int8.onnx"
+GENAI_CONFIG = "genai_config.json"  # what onnxruntime-genai's og.Model(folder) reads
 # the ONNX protobuf limit: larger models keep their weights in a side file
 PROTOBUF_LIMIT = 2**31 - 2**26
 
@@ -63,9 +67,9 @@ def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
 
 
 def slot_label(slot: str) -> str:
-    """``r0.k`` -> ``key``, ``r0.twice`` -> ``twice``, ``r1.v`` -> ``r1.value``."""
+    """``r0.k`` -> ``key``, ``r0.twice`` -> ``twice.value``, ``r1.v`` -> ``r1.value``."""
     rnd, kind = slot.split(".", 1)
-    kind = {"k": "key", "v": "value"}.get(kind, kind)
+    kind = {"k": "key", "v": "value"}.get(kind, f"{kind}.value")
     return kind if rnd == "r0" else f"{rnd}.{kind}"
 
 
@@ -104,7 +108,10 @@ class CachedLogitsModel(nn.Module):
         past: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         tensors = iter(past)
-        layers = [GraphLayerCache({n: next(tensors) for n, _ in names}) for names in self.slots]
+        layers = [
+            GraphLayerCache({n: next(tensors)[:, :heads] for n, heads in names})
+            for names in self.slots
+        ]
         cache = GraphCache(layers, past[0].size(2))
         logits = self.model(
             input_ids,
@@ -186,6 +193,10 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=cfg.block_size)
     past_dim = torch.export.Dim("past", min=0, max=cfg.block_size - 1)
+    # at least the heads a slot has (the graph reads those); one symbol per count
+    heads_dims = {
+        h: torch.export.Dim(f"heads{h}", min=h) for names in wrapper.slots for _, h in names
+    }
     ids = torch.arange(2 * seq_len).view(2, -1) % cfg.vocab_size
     mask = torch.ones(2, past_len + seq_len, dtype=torch.long)
     positions = torch.arange(past_len, past_len + seq_len).repeat(2, 1)
@@ -214,7 +225,11 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
                 INPUT: {0: batch, 1: seq},
                 MASK: {0: batch, 1: torch.export.Dim.AUTO},  # past + seq: inferred
                 POSITIONS: {0: batch, 1: seq},
-                "past": [{0: batch, 2: past_dim}] * len(past),
+                "past": [
+                    {0: batch, 1: heads_dims[heads], 2: past_dim}
+                    for names in wrapper.slots
+                    for _, heads in names
+                ],
             },
             external_data=weight_bytes > PROTOBUF_LIMIT,
             verbose=False,
@@ -223,6 +238,65 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
     onnx.helper.set_model_props(graph, {CONFIG_KEY: (config or cfg).to_json()})
     onnx.save(graph, str(path))
     onnx.checker.check_model(str(path))
+
+
+def genai_config(model: nn.Module, generation: dict[str, Any]) -> dict[str, Any] | None:
+    """onnxruntime-genai's description of model.onnx, with ``generation`` (the folder's
+    generation_config.json: special ids, sampling); None for a mechanism that caches more than
+    one key and value per layer (genai feeds back nothing else)."""
+    slots = cache_slots(model)
+    if any([name for name, _ in layer] != ["r0.k", "r0.v"] for layer in slots):
+        return None
+    cfg = model.config
+    names = {kind: f"{PAST}.%d.{kind}" for kind in ("key", "value")}
+    return {
+        "model": {
+            "bos_token_id": generation.get("bos_token_id"),
+            "eos_token_id": generation.get("eos_token_id"),
+            "pad_token_id": generation.get("pad_token_id"),
+            "context_length": cfg.block_size,
+            "vocab_size": cfg.vocab_size,
+            # genai's plain decoder-only family: input ids, mask, positions and a KV cache
+            "type": "llama",
+            "decoder": {
+                "filename": ONNX_FILE,
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "head_size": cfg.head_dim,
+                "hidden_size": cfg.n_embd,
+                "num_attention_heads": cfg.n_head,
+                "num_hidden_layers": cfg.n_layer,
+                "num_key_value_heads": cfg.n_kv_head,
+                "inputs": {
+                    "input_ids": INPUT,
+                    "attention_mask": MASK,
+                    "position_ids": POSITIONS,
+                    "past_key_names": names["key"],
+                    "past_value_names": names["value"],
+                },
+                "outputs": {
+                    "logits": OUTPUT,
+                    "present_key_names": f"{PRESENT}.%d.key",
+                    "present_value_names": f"{PRESENT}.%d.value",
+                },
+            },
+        },
+        "search": {
+            "do_sample": generation.get("do_sample", False),
+            "temperature": generation.get("temperature", 1.0),
+            "top_k": generation.get("top_k", 50),
+            "top_p": 1.0,
+            "max_length": cfg.block_size,
+            "min_length": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": False,  # the graph concatenates: present is past + new
+            "repetition_penalty": 1.0,
+            "length_penalty": 1.0,
+            "diversity_penalty": 0.0,
+            "no_repeat_ngram_size": 0,
+            "early_stopping": True,
+        },
+    }
 
 
 def check_recorded_config(path: Path, recorded: str | None, config: ModelConfig) -> None:
@@ -354,6 +428,14 @@ class OnnxLM:
             raise AttnlabError(
                 f"{path} has no KV cache inputs (an older export); run `attnlab export` again"
             )
+        # what __call__ feeds, by name: a graph asking for others failed in onnxruntime's run
+        names = sorted(i.name for i in self.session.get_inputs())
+        if set(names) != {INPUT, MASK, POSITIONS, *(i.name for i in self.past)}:
+            raise AttnlabError(
+                f"{path} takes the inputs {', '.join(names)}, not {INPUT}, {MASK}, {POSITIONS} "
+                f"and {PAST}.*: not a graph attnlab exported; export the model with "
+                "`attnlab export`"
+            )
 
     def new_cache(self) -> OnnxCache:
         return OnnxCache()
@@ -366,8 +448,13 @@ class OnnxLM:
         b, t = ids.shape
         past = cache.past if cache is not None and cache.past is not None else None
         if past is None:
+            # "headsN" takes N or more (no slot has more than n_head); an older graph its own
+            n_head = self.config.n_head
             past = {
-                i.name: np.zeros((b, i.shape[1], 0, i.shape[3]), dtype=np.float32)
+                i.name: np.zeros(
+                    (b, i.shape[1] if isinstance(i.shape[1], int) else n_head, 0, i.shape[3]),
+                    dtype=np.float32,
+                )
                 for i in self.past
             }
         start = cache.length if cache is not None else 0

@@ -17,4 +17,7 @@ def write_torchscript(model: nn.Module, path: Path) -> None:
         # the backbone's block_size check reads sizes as Python ints; the trace keeps sizes symbolic
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(LogitsModel(model).eval(), example_input(model.config))
-    torch.jit.save(traced, str(path))
+    # through a Python file: given a path, torch's C++ writer aborts the process (exit 134) on a
+    # full disk; a file object's write raises OSError(ENOSPC), which replace_folder reports
+    with path.open("wb") as f:
+        torch.jit.save(traced, f)

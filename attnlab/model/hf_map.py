@@ -169,8 +169,15 @@ def _config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
                     f"computes {name}={json.dumps(fixed)}"
                 )
         n_embd = read.value("n_embd", default=768)
+        positions = read.value("n_positions", default=1024)
+        n_ctx = read.value("n_ctx", default=positions)  # older files' name for the context
+        if n_ctx != positions:  # which one the model was trained for is unknown
+            raise AttnlabError(
+                f"{source}: n_ctx {n_ctx} and n_positions {positions} disagree; attnlab's GPT-2 "
+                "backbone has one context length (set both to it)"
+            )
         return ModelConfig(
-            block_size=read.value("n_positions", default=1024),
+            block_size=positions,
             vocab_size=read.value("vocab_size"),
             n_layer=read.value("n_layer", default=12),
             n_head=read.value("n_head", default=12),
@@ -208,8 +215,19 @@ def _config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         if read.value("mlp_bias", default=False, kind=bool) != bias:
             raise AttnlabError(f"{source}: attention_bias and mlp_bias must agree for attnlab")
         theta = read.value("rope_theta", default=None, kind=float)
+        block = read.value("max_position_embeddings", default=2048)
+        window = read.value("sliding_window", default=None)
+        if (
+            window is not None
+            and window < block
+            and read.value("use_sliding_window", default=True, kind=bool)
+        ):  # it was dropped: each position then saw the whole context, another model
+            raise AttnlabError(
+                f"{source}: sliding_window {window} (of max_position_embeddings {block}); "
+                "attnlab's Llama backbone attends to the whole context"
+            )
         return ModelConfig(
-            block_size=read.value("max_position_embeddings", default=2048),
+            block_size=block,
             vocab_size=read.value("vocab_size"),
             n_layer=read.value("num_hidden_layers"),
             n_head=n_head,

@@ -186,13 +186,16 @@ def _write_data(
     return dropped
 
 
-def check_model_overrides(base: ModelConfig, overrides: dict[str, Any]) -> None:
+def check_model_overrides(
+    base: ModelConfig, overrides: dict[str, Any], command: str = "sft"
+) -> None:
     """Refuse model overrides that change what the pretrained weights compute, naming them.
 
-    SFT fine-tunes the model it was given. A field that reshapes a weight failed the strict load
-    with internal key names; one that keeps the shapes (n_head, norm, rope_theta, ...) would
-    silently give the weights another meaning. Only dropout may change, and block_size where
-    positions are rotary (a learned position table has one row per position).
+    SFT (and ``train --init-from``, say ``command``) trains the model it was given. A field that
+    reshapes a weight failed the strict load with internal key names; one that keeps the shapes
+    (n_head, norm, rope_theta, ...) would silently give the weights another meaning. Only dropout
+    may change, and block_size where positions are rotary (a learned position table has one row
+    per position).
     """
     asked = base.replace(**overrides)  # an invalid value gets the config's own message
     changed = [k for k in overrides if getattr(asked, k) != getattr(base, k)]
@@ -204,7 +207,7 @@ def check_model_overrides(base: ModelConfig, overrides: dict[str, Any]) -> None:
             f"{k}={getattr(asked, k)!r} (pretrained: {getattr(base, k)!r})" for k in fixed
         )
         raise AttnlabError(
-            f"sft keeps the pretrained model as it is: {fields}; only dropout (and block_size "
+            f"{command} keeps the pretrained model as it is: {fields}; only dropout (and block_size "
             "with pos=rope) may change"
         )
 

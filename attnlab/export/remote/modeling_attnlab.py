@@ -1,4 +1,5 @@
-"""An attnlab model for transformers: ``AttnlabForCausalLM`` (written by ``attnlab export``).
+"""attnlab models for transformers: ``AttnlabForCausalLM`` and
+``AttnlabForSequenceClassification`` (written by ``attnlab export``).
 
 Needs torch and transformers only. The model is attnlab's own code (attnlab/errors.py,
 attnlab/config.py and attnlab/model/), embedded verbatim in SOURCES and imported under a
@@ -17,9 +18,10 @@ import re
 import sys
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutputWithPast
 
 from .configuration_attnlab import FIELDS, AttnlabConfig
 
@@ -88,23 +90,52 @@ class AttnlabCache(Cache):
         return False
 
 
-class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
-    """attnlab's GPT (with its mechanisms) as a transformers causal language model."""
+class CheckpointingBlock(attnlab_module("model.gpt").Block):
+    """attnlab's Block that, while training with gradient checkpointing on (transformers'
+    ``gradient_checkpointing_enable()`` sets the flag), keeps no activations and recomputes them
+    in the backward pass."""
+
+    gradient_checkpointing = False
+
+    def forward(self, x, ctx):
+        if not (self.gradient_checkpointing and self.training and torch.is_grad_enabled()):
+            return super().forward(x, ctx)
+        layer, state = ctx.layer, dict(ctx.state)
+
+        def block(x):
+            # the recomputation runs after later blocks moved ctx on: give it this block's
+            ctx.layer, ctx.state = layer, dict(state)
+            return super(CheckpointingBlock, self).forward(x, ctx)
+
+        # non-reentrant: mechanism state from earlier blocks reaches the block through ctx, not
+        # as an argument, and must still get its gradient
+        return checkpoint(block, x, use_reentrant=False)
+
+
+class AttnlabPreTrainedModel(PreTrainedModel):
+    """attnlab's GPT backbone (``transformer``, ``rotary``) under transformers' conventions:
+    hidden states, gradient checkpointing, padding masks."""
 
     config_class = AttnlabConfig
     base_model_prefix = "transformer"
     main_input_name = "input_ids"
-    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}  # noqa: RUF012
+    supports_gradient_checkpointing = True
 
-    def __init__(self, config: AttnlabConfig) -> None:
-        super().__init__(config)
+    def _build(self, config: AttnlabConfig):
+        """attnlab's GPT for ``config``; its own modules become ours, so parameter names (and
+        model.safetensors) are attnlab's."""
         model_config = attnlab_module("config").ModelConfig
         fields = {name: getattr(config, name) for name in FIELDS}
         self.gpt_class = attnlab_module("model.gpt").GPT
         gpt = self.gpt_class(model_config.from_dict(fields))
-        # GPT's own modules, so parameter names (and model.safetensors) are attnlab's
-        self.transformer, self.lm_head, self.rotary = gpt.transformer, gpt.lm_head, gpt.rotary
-        self.post_init()
+        self.transformer, self.rotary = gpt.transformer, gpt.rotary
+        for block in self.transformer.h:
+            block.__class__ = CheckpointingBlock
+        return gpt
+
+    @property
+    def _checkpointing(self) -> bool:
+        return any(block.gradient_checkpointing for block in self.transformer.h)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -126,6 +157,49 @@ class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value) -> None:
         self.transformer.wte = value
 
+    def _backbone(self, input_ids, attention_mask, position_ids, cache, output_hidden_states):
+        """(GPT.forward's output of every position, hidden states or None): the input of each
+        block and the final norm's output, as transformers' GPT-2 returns them."""
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = position_ids = None  # no padding: attnlab's plain causal path
+        elif attention_mask is not None and position_ids is None:
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = positions[:, -input_ids.size(1) :]
+        hidden: list[torch.Tensor] = []
+        hooks = []
+        if output_hidden_states:
+            hooks = [
+                block.register_forward_pre_hook(lambda _, args: hidden.append(args[0]))
+                for block in self.transformer.h
+            ]
+            hooks.append(
+                self.transformer.ln_f.register_forward_hook(lambda *a: hidden.append(a[2]))
+            )
+        try:
+            out, _ = self.gpt_class.forward(
+                self,
+                input_ids,
+                cache=cache.kv if isinstance(cache, AttnlabCache) else None,
+                all_logits=True,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return out, tuple(hidden) if output_hidden_states else None
+
+
+class AttnlabForCausalLM(AttnlabPreTrainedModel, GenerationMixin):
+    """attnlab's GPT (with its mechanisms) as a transformers causal language model."""
+
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}  # noqa: RUF012
+
+    def __init__(self, config: AttnlabConfig) -> None:
+        super().__init__(config)
+        self.lm_head = self._build(config).lm_head
+        self.post_init()
+
     def get_output_embeddings(self):
         return self.lm_head
 
@@ -136,30 +210,29 @@ class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
         position_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits of every position; a cache (``cache`` or ``past_key_values``) continues it."""
+        """Logits of every position (the last ``logits_to_keep`` when that is not 0); a cache
+        (``cache`` or ``past_key_values``) continues it."""
         cache = kwargs.pop("cache", None)
         if cache is None:  # an empty Cache is falsy: no `or` here
             cache = kwargs.pop("past_key_values", None)
-        if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = position_ids = None  # no padding: attnlab's plain causal path
-        elif attention_mask is not None and position_ids is None:
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            position_ids = positions[:, -input_ids.size(1) :]
+        logits_to_keep = kwargs.pop("num_logits_to_keep", logits_to_keep)  # transformers 4.4x
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
         use_cache = getattr(self.config, "use_cache", True) if use_cache is None else use_cache
+        if self._checkpointing and self.training:
+            use_cache = False  # a recomputed block would extend the cache a second time
         if cache is None and use_cache:
             cache = AttnlabCache(self.gpt_class.new_cache(self))
-        kv = cache.kv if isinstance(cache, AttnlabCache) else None
-        logits, _ = self.gpt_class.forward(
-            self,
-            input_ids,
-            cache=kv,
-            all_logits=True,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+        logits, hidden = self._backbone(
+            input_ids, attention_mask, position_ids, cache, output_hidden_states
         )
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(
@@ -167,4 +240,55 @@ class AttnlabForCausalLM(PreTrainedModel, GenerationMixin):
                 labels[:, 1:].reshape(-1),
                 ignore_index=-100,
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache})
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, hidden_states=hidden, **{_CACHE_FIELD: cache}
+        )
+
+
+class AttnlabForSequenceClassification(AttnlabPreTrainedModel):
+    """The backbone with a linear ``score`` head on the last real token (GPT-2's recipe: the
+    last token that is not ``pad_token_id``; ``AutoModelForSequenceClassification``)."""
+
+    def __init__(self, config: AttnlabConfig) -> None:
+        super().__init__(config)
+        self._build(config)
+        self.lm_head = torch.nn.Identity()  # GPT.forward then returns the final hidden states
+        self.num_labels = config.num_labels
+        self.score = torch.nn.Linear(config.n_embd, config.num_labels, bias=False)
+        self.post_init()
+
+    def _init_weights(self, module) -> None:
+        super()._init_weights(module)
+        if module is getattr(self, "score", None):  # the one weight no causal LM file holds
+            torch.nn.init.normal_(module.weight, std=0.02)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        """Scores [batch, num_labels]; ``labels`` give the loss (regression for one label,
+        cross-entropy otherwise, as transformers' default problem types)."""
+        hidden_last, hidden = self._backbone(
+            input_ids, attention_mask, position_ids, None, bool(output_hidden_states)
+        )
+        scores = self.score(hidden_last)
+        pad = self.config.pad_token_id
+        if pad is None:
+            last = torch.full((input_ids.size(0),), input_ids.size(1) - 1, device=input_ids.device)
+        else:  # the rightmost real token, whichever side the padding is on
+            positions = torch.arange(input_ids.size(1), device=input_ids.device)
+            last = ((input_ids != pad).long() * positions).argmax(-1)
+        pooled = scores[torch.arange(input_ids.size(0), device=scores.device), last]
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = torch.nn.functional.mse_loss(pooled.squeeze(-1), labels.to(pooled.dtype))
+            else:
+                loss = torch.nn.functional.cross_entropy(pooled, labels.view(-1))
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, hidden_states=hidden)
