@@ -71,6 +71,21 @@ _GBA_TRAIN = dict(
     log_interval=50,
 )
 _GBA_DATA = dict(tokenizer="bpe", vocab_size=16384)
+# the QKVE backbone scaled to a laptop, without its value gate (qkve-small adds it)
+_QKVE_SMALL_MODEL = dict(
+    n_layer=6,
+    n_head=6,
+    n_kv_head=2,
+    n_embd=192,
+    block_size=256,
+    bias=False,
+    norm="rmsnorm",
+    pos="rope",
+    mlp="swiglu",
+    d_ffn=256,
+    ffn_sublayers=2,
+    dropout=0.0,
+)
 
 PRESETS: dict[str, Preset] = {
     "nanogpt-shakespeare-char": Preset(
@@ -147,22 +162,21 @@ PRESETS: dict[str, Preset] = {
     ),
     "qkve-small": Preset(
         "the QKVE backbone scaled to a laptop: 6 layers, d 192, GQA 6/2, RoPE, RMSNorm, deep SwiGLU",
-        dict(
-            n_layer=6,
-            n_head=6,
-            n_kv_head=2,
-            n_embd=192,
-            block_size=256,
-            bias=False,
-            norm="rmsnorm",
-            pos="rope",
-            mlp="swiglu",
-            d_ffn=256,
-            ffn_sublayers=2,
-            value_gate=True,
-            dropout=0.0,
-        ),
+        {**_QKVE_SMALL_MODEL, "value_gate": True},
         dict(_KV_SEED_TRAIN, batch_size=32),
+    ),
+    "gated-attn-qkve-small": Preset(
+        "gated attention (Qiu et al. 2025) on qkve-small's backbone: the output gate in place of "
+        "the value gate",
+        {**_QKVE_SMALL_MODEL, "attn_output_gate": True},
+        dict(_KV_SEED_TRAIN, batch_size=32),
+    ),
+    "gated-attn-shakespeare-char": Preset(
+        "gated attention (Qiu et al. 2025) on the kv-bias seed's nanoGPT backbone: a sigmoid gate "
+        "per head and channel before c_proj",
+        {**_KV_SEED_MODEL, "attn_output_gate": True},
+        _KV_SEED_TRAIN,
+        _KV_SEED_DATA,
     ),
     "gba-lm-standard": Preset(
         "gradient-boosted-attention paper, standard Pre-LN transformer (7,419,392 parameters)",

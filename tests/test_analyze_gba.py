@@ -56,6 +56,7 @@ def test_gates_per_layer_and_dimension(runs, tmp_path) -> None:
     )
     rows = _read(tmp_path / "gates.csv")
     assert len(rows) == L * 1 * E and _is_png(tmp_path / "gates.png")
+    assert {r["gate"] for r in rows} == {"r1"}  # the one extra round's gate
     # reference: the captured per-token gates averaged by hand over all 4 windows at once
     model, x = _boosted_inputs(runs)
     capture: dict = {}
@@ -63,13 +64,15 @@ def test_gates_per_layer_and_dimension(runs, tmp_path) -> None:
         model(x, capture=capture)
     for layer in range(L):
         expected = capture[f"layer{layer}.r1.gate"].mean(dim=(0, 1))
-        got = torch.tensor([float(r["gate"]) for r in rows if r["layer"] == str(layer)])
+        got = torch.tensor([float(r["mean"]) for r in rows if r["layer"] == str(layer)])
         assert torch.allclose(got, expected, atol=1e-6)
 
 
-def test_gates_need_a_boosted_run(runs, tmp_path, capsys) -> None:
+def test_gates_need_a_gate(runs, tmp_path, capsys) -> None:
     assert main(["analyze", "gates", str(runs["standard"]), "--out", str(tmp_path)]) == 2
-    assert "boost_rounds >= 2" in capsys.readouterr().err
+    assert "needs a model with a gate (one of use_m_gate, value_gate, boost_rounds" in (
+        capsys.readouterr().err
+    )
 
 
 def test_entropy_rounds_and_baseline(runs, tmp_path) -> None:

@@ -1,32 +1,51 @@
-"""The mechanism contract, checked for every registered mechanism and for all of them at once.
+"""The mechanism contract, checked over the registry: every mechanism alone, each of its
+ablation variants, every pair, and all of them at once.
 
 Each mechanism module declares a ``SPEC`` (attnlab.model.mechanisms.Mechanism); these tests hold
-every SPEC to what it claims: its example config turns it (and only it) on, the config survives
-a JSON round trip, its choices and rules refuse bad fields with one-line ConfigErrors, cached
-decoding equals the full forward, the TorchScript and ONNX exports give PyTorch's logits,
-torch.compile decodes without recompiling, a zero gate (where the mechanism has one) is exactly
-plain attention, and the bench variants and parameter claims are true. The ONNX and compile
-checks take tens of seconds a model, so they are marked slow. A toy
-mechanism registered from one file (tests/toy_mechanism.py) passes the same checks.
+every SPEC to what it claims: its example config turns it (and only it) on, every field it owns
+has one line of help, the config survives a JSON round trip, its choices and rules refuse bad
+fields with one-line ConfigErrors, cached decoding equals the full forward, a left-padded batch
+gives each row its logits alone, the TorchScript and ONNX exports give PyTorch's logits,
+transformers' remote code gives its logits and greedy tokens, torch.compile decodes without
+recompiling, a zero gate (where the mechanism has one) is exactly plain attention, and the
+bench variants and parameter claims are true.
+
+The cases are derived from the SPECs, never listed: a mechanism alone (its example), its
+ablation variants (each other field it owns at each value it may take: every choice, the other
+truth value of a bool, and its bench variants), every pair of mechanisms, and all together.
+The default suite runs every check on every mechanism alone (the ONNX, compile and transformers
+checks are slow) and one representative variant and pair; the rest is marked slow.
+
+A toy mechanism registered from one file (tests/toy_mechanism.py) passes the same checks, and
+``test_the_readme_recipe_needs_no_fourth_place`` adds a mechanism to a copy of the package with
+exactly the README's steps and runs every listing and registry-derived test on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import json
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import toy_mechanism
-from conftest import tiny_model
+from conftest import ROOT, tiny_model
 
 from attnlab import GPT
+from attnlab.cli import main
+from attnlab.commands.presets import MISSING_HELP
 from attnlab.config import CHOICES, MECHANISM_CHECKS, ModelConfig
 from attnlab.errors import ConfigError
 from attnlab.export.onnx import ONNX_FILE, OnnxLM, write_onnx
@@ -38,20 +57,51 @@ from attnlab.model.mechanisms import REGISTRY, Mechanism
 ALL = "all"
 
 
+@dataclass(frozen=True)
+class Case:
+    """A config the contract runs: its id, its fields (beyond tiny_model's), what it turns on."""
+
+    id: str
+    fields: dict[str, Any]
+    enabled: tuple[str, ...]
+
+
 def spec_of(name: str) -> Mechanism:
     return mechanisms.module(name).SPEC
 
 
-def example(name: str) -> dict:
-    """The mechanism's example fields; ALL composes every example (on RoPE with GQA)."""
+def alone(name: str) -> Case:
+    """The mechanism's example; ALL composes every registered example (on RoPE with GQA)."""
     if name != ALL:
-        return spec_of(name).example
+        return Case(name, spec_of(name).example, (name,))
     composed = {k: v for n in mechanisms.REGISTRY for k, v in spec_of(n).example.items()}
-    return {**composed, "n_kv_head": 2, "pos": "rope"}
+    return Case(ALL, {**composed, "n_kv_head": 2, "pos": "rope"}, tuple(mechanisms.REGISTRY))
 
 
-def expected_enabled(name: str) -> list[str]:
-    return list(mechanisms.REGISTRY) if name == ALL else [name]
+def ablation_variants(name: str) -> list[Case]:
+    """The example with each other field the mechanism owns at each value it may take besides
+    the default (every choice, the other truth value of a bool), then any bench variant that
+    is none of these."""
+    spec, defaults = spec_of(name), ModelConfig().to_dict()
+    found: dict[str, dict[str, Any]] = {}
+    for field in spec.fields:
+        default = defaults[field]
+        values = spec.choices.get(field, (not default,) if isinstance(default, bool) else ())
+        for value in values if field not in spec.switch else ():
+            if value != default:
+                found[f"{spec.label}[{field}={value}]"] = {**spec.example, field: value}
+    for label, variant in spec.bench.items():
+        if variant != spec.example and variant not in found.values():
+            found[f"{spec.label}[{label}]"] = variant
+    return [Case(label, variant, (name,)) for label, variant in found.items()]
+
+
+def pair(a: str, b: str) -> Case:
+    return Case(f"{a}+{b}", {**spec_of(a).example, **spec_of(b).example}, (a, b))
+
+
+VARIANTS = [case for name in REGISTRY for case in ablation_variants(name)]
+PAIRS = [pair(a, b) for a, b in itertools.combinations(REGISTRY, 2)]
 
 
 def base_of(name: str) -> ModelConfig:
@@ -73,11 +123,11 @@ def build(config: ModelConfig, seed: int = 0) -> GPT:
     return GPT(config).eval()
 
 
-def check_config_round_trip(name: str) -> None:
-    config = tiny_model(**example(name))
+def check_config_round_trip(case: Case) -> None:
+    config = tiny_model(**case.fields)
     again = ModelConfig.from_dict(json.loads(config.to_json()))
     assert again == config
-    assert mechanisms.enabled(again) == expected_enabled(name)
+    assert mechanisms.enabled(again) == [n for n in mechanisms.REGISTRY if n in case.enabled]
 
 
 def assert_cache_exact(model: GPT) -> None:
@@ -98,8 +148,32 @@ def assert_cache_exact(model: GPT) -> None:
     )
 
 
-def check_cached_decoding(name: str) -> None:
-    assert_cache_exact(build(tiny_model(**example(name))))
+def check_cached_decoding(case: Case) -> None:
+    assert_cache_exact(build(tiny_model(**case.fields)))
+
+
+def check_left_padding(case: Case) -> None:
+    """A left-padded batch (attention_mask, position_ids) gives each row the logits it has
+    alone, in one forward and through a padded prefill and one cached step."""
+    model = lively(case)
+    gen = torch.Generator().manual_seed(3)
+    short, long = (torch.randint(1, 96, (1, n), generator=gen) for n in (5, 9))
+    pad = long.size(1) - short.size(1)
+    ids = torch.cat([torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1), long])
+    mask = torch.ones_like(ids)
+    mask[0, :pad] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    nxt = torch.tensor([[7], [7]])
+    with torch.no_grad():
+        both = model(ids, all_logits=True, attention_mask=mask, position_ids=positions)[0]
+        cache = model.new_cache()
+        model(ids, cache=cache, attention_mask=mask, position_ids=positions)
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        step = model(nxt, cache=cache, attention_mask=mask, position_ids=positions[:, -1:] + 1)[0]
+        for row, x, keep in ((0, short, slice(pad, None)), (1, long, slice(None))):
+            torch.testing.assert_close(both[row, keep], full_logits(model, x)[0], atol=1e-5, rtol=0)
+            ref = full_logits(model, torch.cat([x, nxt[:1]], 1))[0, -1]
+            torch.testing.assert_close(step[row, -1], ref, atol=1e-5, rtol=0)
 
 
 def check_zero_gate(name: str) -> None:
@@ -116,13 +190,32 @@ def check_zero_gate(name: str) -> None:
     torch.testing.assert_close(model(idx, all_logits=True)[0], plain(idx, all_logits=True)[0])
 
 
+def missing_help(spec: Mechanism) -> str | None:
+    """Why the SPEC's help breaks the contract (a field without one line of help), or None."""
+    for field in spec.fields:
+        text = spec.help.get(field, "")
+        if not text or "\n" in text:
+            return (
+                f"mechanism {spec.name!r}: field {field!r} needs one line of help in its "
+                "SPEC's help (attnlab presets --fields prints it)"
+            )
+    extra = set(spec.help) - set(spec.fields)
+    return (
+        f"mechanism {spec.name!r}: help for fields it does not own: {sorted(extra)}"
+        if extra
+        else None
+    )
+
+
 def check_spec(name: str) -> None:
-    """The SPEC's claims: fields exist, the default config is off, bench variants turn it on,
-    and it adds parameters exactly when it says so."""
+    """The SPEC's claims: fields exist and have help, the default config is off, bench variants
+    turn it on, and it adds parameters exactly when it says so."""
     spec = spec_of(name)
     assert spec.name == name
     model_fields = {f.name for f in fields(ModelConfig)}
     assert set(spec.fields) <= model_fields and set(spec.switch) <= set(spec.fields)
+    problem = missing_help(spec)
+    assert problem is None, problem
     assert not spec.enabled(ModelConfig()) or spec.always_on
     # one name: every bench label is the mechanism's own, or it with an ablation's suffix
     assert all(label == spec.label or label.startswith(f"{spec.label}-") for label in spec.bench)
@@ -178,10 +271,10 @@ def check_validation(name: str) -> None:
         assert refused(**rule.example) == rule.message.format(**values)
 
 
-def lively(name: str) -> GPT:
-    """The example model with every weight ~ N(0, 0.2): logits far from zero (a parity test on
+def lively(case: Case) -> GPT:
+    """The case's model with every weight ~ N(0, 0.2): logits far from zero (a parity test on
     near-zero logits would prove little), and no mechanism left at its identity init."""
-    model = build(tiny_model(**example(name)))
+    model = build(tiny_model(**case.fields))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)
@@ -200,9 +293,9 @@ def full_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def check_torchscript_parity(name: str) -> None:
+def check_torchscript_parity(case: Case) -> None:
     """The traced TorchScript archive gives PyTorch's logits."""
-    model, idx = lively(name), parity_input()
+    model, idx = lively(case), parity_input()
     with tempfile.TemporaryDirectory() as tmp:
         write_torchscript(model, Path(tmp) / "model.pt")
         traced = torch.jit.load(str(Path(tmp) / "model.pt"))
@@ -211,11 +304,11 @@ def check_torchscript_parity(name: str) -> None:
     torch.testing.assert_close(got, full_logits(model, idx), atol=1e-5, rtol=0)
 
 
-def check_onnx_parity(name: str) -> None:
+def check_onnx_parity(case: Case) -> None:
     """The ONNX graph in onnxruntime gives PyTorch's logits, in one call and through its cache."""
     pytest.importorskip("onnx", reason="ONNX export needs the onnx package")
     pytest.importorskip("onnxruntime", reason="ONNX parity runs the graph in onnxruntime")
-    model, idx = lively(name), parity_input()
+    model, idx = lively(case), parity_input()
     ref = full_logits(model, idx)
     with tempfile.TemporaryDirectory() as tmp:
         write_onnx(model, Path(tmp) / ONNX_FILE)
@@ -228,11 +321,11 @@ def check_onnx_parity(name: str) -> None:
     torch.testing.assert_close(torch.cat(steps, dim=1), ref, atol=1e-5, rtol=0)
 
 
-def check_no_recompiles(name: str) -> None:
+def check_no_recompiles(case: Case) -> None:
     """Compiled decoding equals eager decoding, and after the warm-up nothing recompiles."""
     from torch._dynamo.utils import counters
 
-    config = tiny_model(**example(name))
+    config = tiny_model(**case.fields)
     eager, compiled = build(config), compile_for_decoding(build(config))
     graphs = counters["stats"]["unique_graphs"]
     prompt = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(3))
@@ -242,25 +335,20 @@ def check_no_recompiles(name: str) -> None:
     assert counters["stats"]["unique_graphs"] == graphs, "decoding recompiled after the warm-up"
 
 
-CHECKS = [
-    check_spec,
+# checks of one mechanism's SPEC, and checks of a config (every case runs those)
+SPEC_CHECKS = [check_spec, check_validation, check_zero_gate]
+COMPOSABLE = [
     check_config_round_trip,
-    check_validation,
     check_cached_decoding,
-    check_zero_gate,
+    check_left_padding,
     check_torchscript_parity,
     check_onnx_parity,
     check_no_recompiles,
 ]
 SLOW = {check_onnx_parity, check_no_recompiles}
-# the checks that also run on every mechanism at once
-COMPOSABLE = [
-    check_config_round_trip,
-    check_cached_decoding,
-    check_torchscript_parity,
-    check_onnx_parity,
-    check_no_recompiles,
-]
+CHEAP = {check_config_round_trip}  # milliseconds: on every variant and pair by default
+# what the default suite also runs on one representative variant and pair
+REPRESENTATIVE = {check_cached_decoding, check_left_padding}
 
 
 def cases(checks: list) -> list:
@@ -270,27 +358,108 @@ def cases(checks: list) -> list:
     ]
 
 
-@pytest.mark.parametrize("check", cases(CHECKS))
+def derived(found: list[Case]) -> list:
+    """(case, check) for every case and composable check: slow but for the cheap checks, and
+    the representative ones on the first case."""
+    fast = [CHEAP | REPRESENTATIVE] + [CHEAP] * (len(found) - 1)
+    return [
+        pytest.param(
+            case,
+            check,
+            id=f"{case.id}-{check.__name__}",
+            marks=[] if check in quick else [pytest.mark.slow],
+        )
+        for case, quick in zip(found, fast, strict=True)
+        for check in COMPOSABLE
+    ]
+
+
+def run_check(check, name: str) -> None:
+    """A SPEC check on the mechanism, a config check on its example."""
+    check(name) if check in SPEC_CHECKS else check(alone(name))
+
+
+@pytest.mark.parametrize("check", cases(SPEC_CHECKS + COMPOSABLE))
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_mechanism(name: str, check) -> None:
-    check(name)
+    run_check(check, name)
+
+
+@pytest.mark.parametrize(("case", "check"), derived(VARIANTS))
+def test_every_ablation_variant(case: Case, check) -> None:
+    check(case)
+
+
+@pytest.mark.parametrize(("case", "check"), derived(PAIRS))
+def test_every_pair(case: Case, check) -> None:
+    check(case)
 
 
 @pytest.mark.parametrize("check", cases(COMPOSABLE))
 def test_all_mechanisms_composed(check) -> None:
-    check(ALL)
+    check(alone(ALL))
 
 
-def test_fields_belong_to_one_mechanism() -> None:
-    owned = [f for spec in mechanisms.specs() for f in spec.fields]
-    assert len(owned) == len(set(owned))
-    assert mechanisms.plain_fields() == {
-        k: v for spec in mechanisms.specs() for k, v in spec.switch.items()
+def test_variants_cover_every_choice() -> None:
+    """The derived variants reach every allowed value of every choice field, and every case's
+    config is one the mechanisms accept (a refused pair would need a rule's example instead)."""
+    reached = {(f, c.fields.get(f)) for c in VARIANTS for f in c.fields}
+    for spec in mechanisms.specs():
+        for field, allowed in spec.choices.items():
+            default = getattr(ModelConfig(), field)
+            assert {(field, v) for v in allowed if v != default} <= reached, field
+    assert len(PAIRS) == len(REGISTRY) * (len(REGISTRY) - 1) // 2
+
+
+@pytest.mark.slow
+def test_transformers_remote_code_over_the_registry(tmp_path: Path) -> None:
+    """Every case exported with transformers remote code (attnlab not importable) gives
+    attnlab's logits, and its greedy tokens with and without the cache and for a left-padded
+    batch (transformers' own generate)."""
+    pytest.importorskip("transformers")
+    from test_export import chat_tokenizer
+    from test_export_hf import HF_SCRIPT, MESSAGES, NEW_TOKENS, OTHER, PROMPT
+
+    from attnlab.export import export_model
+
+    found = [alone(n) for n in REGISTRY] + VARIANTS + PAIRS + [alone(ALL)]
+    models = {case.id: lively(case) for case in found}
+    for name, model in models.items():
+        export_model(model, None, tmp_path / name, ["safetensors"])
+    export_model(models[ALL], chat_tokenizer(), tmp_path / "chat", ["safetensors"])
+    x = torch.randint(0, 96, (3, 17), generator=torch.Generator().manual_seed(5))
+    np.save(tmp_path / "x.npy", x.numpy())
+    job = {
+        "x": str(tmp_path / "x.npy"),
+        "folders": {name: str(tmp_path / name) for name in models},
+        "chat": str(tmp_path / "chat"),
+        "prompt": PROMPT,
+        "new": NEW_TOKENS,
+        "padded": [[0] * (len(PROMPT[0]) - len(OTHER)) + OTHER, PROMPT[0]],
+        "messages": MESSAGES,
+        "out": str(tmp_path / "results.json"),
     }
-    assert mechanisms.enabled(ModelConfig()) == []
-    # a choice list lives in one place: the config's for the backbone, a SPEC's for its fields
-    owned_choices = [f for spec in mechanisms.specs() for f in spec.choices]
-    assert len(owned_choices) == len(set(owned_choices)) and not set(owned_choices) & set(CHOICES)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", HF_SCRIPT, json.dumps(job)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    pad = len(PROMPT[0]) - len(OTHER)
+    for name, model in models.items():
+        got = np.load(tmp_path / name / "hf_logits.npy")
+        np.testing.assert_allclose(got, full_logits(model, x).numpy(), atol=1e-5, rtol=0)
+        ref, other = (
+            model.generate(torch.tensor([p]), NEW_TOKENS, temperature=0.0)[0].tolist()
+            for p in (PROMPT[0], OTHER)
+        )
+        greedy = results[name]["greedy"]
+        assert greedy["True"] == greedy["False"] == ref, name
+        assert greedy["padded"] == [[0] * pad + other, ref], name
 
 
 def test_the_model_refuses_a_config_made_before_the_registry(
@@ -303,6 +472,18 @@ def test_the_model_refuses_a_config_made_before_the_registry(
     assert mechanisms.validate in MECHANISM_CHECKS
     with pytest.raises(ConfigError, match="m_inject='mlp_input' needs use_m_gate=True"):
         GPT(config)
+
+
+def test_fields_belong_to_one_mechanism() -> None:
+    owned = [f for spec in mechanisms.specs() for f in spec.fields]
+    assert len(owned) == len(set(owned))
+    assert mechanisms.plain_fields() == {
+        k: v for spec in mechanisms.specs() for k, v in spec.switch.items()
+    }
+    assert mechanisms.enabled(ModelConfig()) == []
+    # a choice list lives in one place: the config's for the backbone, a SPEC's for its fields
+    owned_choices = [f for spec in mechanisms.specs() for f in spec.choices]
+    assert len(owned_choices) == len(set(owned_choices)) and not set(owned_choices) & set(CHOICES)
 
 
 def test_attention_passes_multiply() -> None:
@@ -322,8 +503,121 @@ def with_toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mechanisms, "REGISTRY", (*mechanisms.REGISTRY, "toy"))
 
 
-@pytest.mark.parametrize("check", cases(CHECKS))
+@pytest.mark.parametrize("check", cases(SPEC_CHECKS + COMPOSABLE))
 def test_a_toy_mechanism_from_one_file_passes(with_toy, check) -> None:
-    check("toy")
+    run_check(check, "toy")
     if check in COMPOSABLE:
-        check(ALL)  # and composed with every real mechanism
+        check(alone(ALL))  # and composed with every real mechanism
+
+
+def test_listings_show_a_registered_mechanism(
+    with_toy, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The CLI's listings come from the registry: info counts the toy's part, and the field help
+    is the SPECs' (a field whose help is missing is listed as such, not a KeyError traceback)."""
+    assert main(["info", "shakespeare-char", "n_layer=2"]) == 0
+    assert re.search(r"attn\.value_scale\s+256\b", capsys.readouterr().out)  # 2 x kv_dim 128
+    spec = spec_of("value_gate")
+    dropped = dataclasses.replace(spec, help={"value_gate": spec.help["value_gate"]})
+    monkeypatch.setattr(mechanisms.module("value_gate"), "SPEC", dropped)
+    assert main(["presets", "--fields"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "value_gate_init" in line]
+    assert len(rows) == 1 and MISSING_HELP in rows[0]
+    assert missing_help(dropped) == (
+        "mechanism 'value_gate': field 'value_gate_init' needs one line of help in its SPEC's "
+        "help (attnlab presets --fields prints it)"
+    )
+
+
+# The README's "Adding a mechanism" steps, applied to a copy of the package: one file ...
+RECIPE_MODULE = '''"""Added with only the README's steps: y * (1 + s) before c_proj, s = 0 at init."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.model.mechanisms import Mechanism, Part
+
+
+class OutputScale(nn.Module):
+    def __init__(self, n_embd: int) -> None:
+        super().__init__()
+        self.s = nn.Parameter(torch.zeros(n_embd))
+
+    def adjust_output(self, x, y, ctx):
+        return y * (1 + self.s)
+
+
+def parts(config) -> list[Part]:
+    if not config.out_scale:
+        return []
+    return [Part("attn", "out_scale", ("output",), lambda: OutputScale(config.n_embd))]
+
+
+SPEC = Mechanism(
+    name="out_scale",
+    switch={"out_scale": False},
+    fields=("out_scale",),
+    example={"out_scale": True},
+    bench={"out-scale": {"out_scale": True}},
+    zero_gate={},
+    help={"out_scale": "a learned per-channel scale of the attention output"},
+)
+'''
+# ... one registry line and one config field; then the tests that read what is registered
+RECIPE_FIELD = "    out_scale: bool = False\n"
+RECIPE_TESTS = [
+    "tests/test_mechanism_contract.py",
+    "tests/test_terminal.py",
+    "tests/test_bench.py",
+    "tests/test_studies.py",
+]
+RECIPE_SELECTION = (
+    "out_scale or one_line_of_help or presets_fields or bench_labels or bench_generate_quick "
+    "or overhead_study or fields_belong"
+)
+
+
+def apply_recipe(root: Path) -> None:
+    """The README's three steps in ``root``, a copy of the checkout, as a user would make them."""
+    mech = root / "attnlab/model/mechanisms"
+    (mech / "out_scale.py").write_text(RECIPE_MODULE)
+    registry = (mech / "__init__.py").read_text()
+    line = re.search(r"^REGISTRY = \((.*)\)$", registry, re.MULTILINE)
+    assert line, "the registry is no longer one line"
+    (mech / "__init__.py").write_text(
+        registry.replace(line.group(0), f'REGISTRY = ({line.group(1)}, "out_scale")')
+    )
+    config = (root / "attnlab/config.py").read_text()
+    end = config.index("\n\n    def __post_init__", config.index("class ModelConfig")) + 1
+    (root / "attnlab/config.py").write_text(config[:end] + RECIPE_FIELD + config[end:])
+
+
+@pytest.mark.slow
+def test_the_readme_recipe_needs_no_fourth_place(tmp_path: Path) -> None:
+    """A mechanism added to a copy of the package with exactly the README's steps shows in every
+    listing (field help, info, the bench) and passes the contract and every test that derives
+    from the registry; a fourth place it needed would fail here."""
+    root = tmp_path / "checkout"
+    for part in ("attnlab", "tests"):
+        shutil.copytree(ROOT / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", root)
+    apply_recipe(root)
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=900
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    assert run("-c", "import attnlab; print(attnlab.__file__)").startswith(str(root))
+    listed = run("-m", "attnlab", "presets", "--fields")
+    assert re.search(r"^  out_scale +bool +false +a learned per-channel", listed, re.MULTILINE)
+    assert MISSING_HELP not in listed
+    info = run("-m", "attnlab", "info", "shakespeare-char", "out_scale=true")
+    assert re.search(r"attn\.out_scale\s+768\b", info)  # 6 layers x n_embd 128
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow"]
+    out = run(*args, *RECIPE_TESTS, "-k", RECIPE_SELECTION)
+    assert re.search(r"\b\d+ passed\b", out) and "failed" not in out, out[-2000:]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from test_mechanism_contract import ALL as COMPOSED
-from test_mechanism_contract import assert_cache_exact, example
+from test_mechanism_contract import alone, assert_cache_exact
 
 from attnlab import GPT
 from attnlab.errors import AttnlabError
@@ -26,7 +26,7 @@ CONFIGS = {
     },
     "post-ln": {"norm_placement": "post"},
 }
-ALL = example(COMPOSED)  # every registered mechanism at once
+ALL = alone(COMPOSED).fields  # every registered mechanism at once
 
 
 def build(seed: int = 0, **overrides) -> GPT:

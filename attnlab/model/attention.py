@@ -215,7 +215,7 @@ class CausalSelfAttention(nn.Module):
         for part in self.hooks["rounds"]:
             y = part.add_rounds(x, y, w0, self, ctx)
         for part in self.hooks["output"]:
-            y = part.adjust_output(y, ctx)
+            y = part.adjust_output(x, y, ctx)
         y = m["c_proj"](y)
         # dropout is the identity in eval mode: not calling it saves a dispatch per decoded token
         return self.resid_dropout(y) if self.training else y

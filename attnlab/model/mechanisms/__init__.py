@@ -4,28 +4,38 @@ A mechanism module defines ``parts(config) -> list[Part]``; each Part is a small
 lives either in the attention (``where="attn"``) or in the block (``where="block"``) under a fixed
 attribute name (which fixes its state_dict key), and implements one or more hooks:
 
-=========  ==================================================  ===============================
-hook       signature                                           used by
-=========  ==================================================  ===============================
-qkv        adjust_qkv(x, q, k, v, ctx) -> (q, k, v)            K/V-bias, value gate
-core       core(q, k, v, ctx, slot, dropout_p, need_weights)   Twicing (replaces softmax(QK)V)
+=========  ===================================================  ==============================
+hook       signature (x: the attention's normalised input)       used by
+=========  ===================================================  ==============================
+qkv        adjust_qkv(x, q, k, v, ctx) -> (q, k, v)             K/V-bias, value gate
+core       core(q, k, v, ctx, slot, dropout_p, need_weights)    Twicing (replaces softmax(QK)V)
            -> (y [B,H,T,D], weights | None)
-rounds     add_rounds(x, F, w0, attn, ctx) -> F                gradient-boosted rounds
-output     adjust_output(y, ctx) -> y   (before c_proj)         K/V-bias ablation "output_mul"
-state      update_state(h, ctx) -> None (h = the MLP input)    purpose-state GRU gate
-mlp_input  adjust_mlp_input(h, ctx) -> h                       K/V-bias ablation "mlp_input"
-=========  ==================================================  ===============================
+rounds     add_rounds(x, F, w0, attn, ctx) -> F                 gradient-boosted rounds
+output     adjust_output(x, y, ctx) -> y  (y [B,T,E], heads     gated attention (sigmoid gate),
+           concatenated, after every round, before c_proj)      K/V-bias ablation "output_mul"
+state      update_state(h, ctx) -> None (h = the MLP input)     purpose-state GRU gate
+mlp_input  adjust_mlp_input(h, ctx) -> h                        K/V-bias ablation "mlp_input"
+=========  ===================================================  ==============================
+
+Every attention hook sees x, so a gate computed from the layer's input is one part with one
+hook; ``ctx.state`` is for signals that cross layers (K/V-bias's M). ``ctx.record`` logs a
+statistic when the trainer asks for them; ``ctx.keep(name + ".gate", g)`` hands a gate to
+``attnlab analyze gates`` (the SPEC's ``gates`` names them).
 
 A part may also define ``init_weights()`` (called after the nanoGPT init) and expose
 ``needs_weights = True`` (a rounds part that needs round-0 attention weights).
 
 Besides ``parts``, a mechanism module declares ``SPEC = Mechanism(...)``: the ModelConfig fields
-it owns and their "off" values, their allowed values (``choices``) and the combinations it
-refuses (``rules``), a small example config for the contract tests, its benchmark variants, what
-it does to the FLOP count, and the setting (if any) under which a fresh model computes plain
-attention. Everything else is derived here: which mechanisms a config enables, the bench lists,
-the plain-reference fields, the validation of the mechanism fields. tests/test_mechanism_contract.py
-checks every registered mechanism, and all of them together, against the contract.
+it owns and their "off" values, a one-line help text for each (``attnlab presets --fields``), their
+allowed values (``choices``) and the combinations it refuses (``rules``), a small example config
+for the contract tests, its benchmark variants, what it does to the FLOP count, the gates it
+hands to the gate analysis, and the setting (if any) under which a fresh model computes plain
+attention. Everything else is derived here: which mechanisms a config enables, the bench lists
+(and so the overhead study), the field help, the plain-reference fields, the validation of the
+mechanism fields. tests/test_mechanism_contract.py checks every registered mechanism, each
+ablation variant it derives from a SPEC's fields and choices, every pair and all of them
+together against the contract, and that a mechanism added by the README's steps needs nothing
+else.
 
 How the mechanisms' validation reaches ModelConfig. The SPECs live beside nn.Modules, so reading
 them imports torch, and attnlab.config sits below the model (it must not import it, and
@@ -56,7 +66,7 @@ from attnlab.errors import ConfigError
 HOOKS = ("qkv", "core", "rounds", "output", "state", "mlp_input")
 
 # module names under attnlab.model.mechanisms, in the order their hooks run
-REGISTRY = ("kv_bias", "value_gate", "twicing", "boosted")
+REGISTRY = ("kv_bias", "value_gate", "twicing", "boosted", "gated_attn")
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,10 @@ class Mechanism:
     choices: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # field -> allowed values
     # combinations refused; a rule reads the mechanism's own fields and other mechanisms' switches
     rules: tuple[Rule, ...] = ()
+    help: dict[str, str] = field(default_factory=dict)  # field -> one line for `presets --fields`
+    # gates it keeps for `analyze gates` (``ctx.keep(f"{name}.gate", g)``): name -> the range of
+    # the scores; ``{m}`` in a name stands for a number (``r{m}``: one gate per boosting round)
+    gates: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -136,6 +150,11 @@ def bench_variants() -> dict[str, dict[str, Any]]:
 def param_adding_variants() -> tuple[str, ...]:
     """Bench variants whose mechanism must add parameters."""
     return tuple(label for spec in specs() if spec.adds_params for label in spec.bench)
+
+
+def field_help() -> dict[str, str]:
+    """One line of help for every registered mechanism's fields (field -> text)."""
+    return {name: text for spec in specs() for name, text in spec.help.items()}
 
 
 def choices() -> dict[str, tuple[Any, ...]]:

@@ -41,5 +41,6 @@ SPEC = Mechanism(
     example={"twicing": True},
     bench={"twicing": {"twicing": True}},
     adds_params=False,
+    help={"twicing": "Twicing attention: (2A - A^2) V instead of A V"},
     attention_passes=lambda config: 2,  # (2A - A^2) V = A (2V - AV): two passes over the scores
 )

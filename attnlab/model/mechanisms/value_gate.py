@@ -13,7 +13,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.model.layers import Linear
-from attnlab.model.mechanisms import Mechanism, Part
+from attnlab.model.mechanisms import Mechanism, Part, Rule
 
 
 class ValueGate(Linear):
@@ -34,6 +34,8 @@ class ValueGate(Linear):
         if ctx.stats is not None:
             ctx.record("value_gate_mean", 1 + tanh.mean())
             ctx.record("value_gate_std", tanh.std())
+        if ctx.capture is not None:  # the multiplier itself, not tanh: what analyses plot
+            ctx.keep("value_gate.gate", 1 + tanh)
         return q, k, torch.addcmul(v, v, tanh)  # v * (1 + tanh) in one fused kernel
 
 
@@ -49,4 +51,17 @@ SPEC = Mechanism(
     bench={"value-gate": {"value_gate": True}},
     zero_gate={"value_gate_init": "zero"},
     choices={"value_gate_init": ("normal", "zero")},
+    help={
+        "value_gate": "QKVE value gate: V * (1 + tanh(x W_E))",
+        "value_gate_init": "value-gate W_E init: normal, or zero (exact pass-through at start)",
+    },
+    gates={"value_gate": (0.0, 2.0)},  # 1 + tanh(x W_E): 1 passes the value channel unchanged
+    rules=(
+        Rule(  # without the gate there is no W_E to initialise: recorded, doing nothing
+            ("value_gate_init", "value_gate"),
+            lambda c: not c.value_gate and c.value_gate_init != "normal",
+            "value_gate_init={value_gate_init!r} needs value_gate=True",
+            example={"value_gate_init": "zero"},
+        ),
+    ),
 )
