@@ -111,3 +111,94 @@ def test_p_values_are_never_rounded_across_a_threshold() -> None:
     assert p_value(float("nan")) == "–" and p_value(None) == "–"
     assert p_cell({"p": float("nan"), "no_spread": True}) == "– (no spread)"
     assert p_cell({"p": 0.0182}) == "0.0182"
+
+
+def _simulated_power(effect: float, sd: float, n: int, sims: int = 40_000) -> float:
+    """Fraction of simulated normal paired differences a two-sided t-test finds at 0.05."""
+    rng = np.random.default_rng(1234)
+    d = rng.normal(effect, sd, size=(sims, n))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(n))
+    return float((2 * stats.t.sf(np.abs(t), n - 1) < 0.05).mean())
+
+
+def test_difference_ci_and_perplexity_ci_match_scipy() -> None:
+    r = paired_comparison(VARIANT, BASELINE)
+    ci = stats.ttest_rel(VARIANT, BASELINE).confidence_interval(0.95)
+    assert r["ci95"] == pytest.approx([ci.low, ci.high], rel=1e-12)
+    assert r["ppl_ci95_pct"] == pytest.approx(
+        [100 * (math.exp(ci.low) - 1), 100 * (math.exp(ci.high) - 1)], rel=1e-12
+    )
+    diffs = np.subtract(VARIANT, BASELINE)
+    assert r["sd_diff"] == pytest.approx(float(np.std(diffs, ddof=1)))
+    assert r["bootstrap_ci95"] is None  # five seeds: too few for a bootstrap interval
+
+
+def test_bootstrap_ci_agrees_with_scipy_and_is_deterministic() -> None:
+    rng = np.random.default_rng(7)
+    b = rng.normal(1.8, 0.05, 12)
+    v = b + rng.normal(-0.03, 0.01, 12)
+    r = paired_comparison(v.tolist(), b.tolist())
+    theirs = stats.bootstrap(
+        (v - b,), np.mean, method="percentile", n_resamples=20_000, rng=np.random.default_rng(99)
+    ).confidence_interval
+    width = theirs.high - theirs.low
+    assert r["bootstrap_ci95"] == pytest.approx([theirs.low, theirs.high], abs=0.05 * width)
+    assert paired_comparison(v.tolist(), b.tolist())["bootstrap_ci95"] == r["bootstrap_ci95"]
+    # eight seeds are the first with one
+    assert paired_comparison(v[:8].tolist(), b[:8].tolist())["bootstrap_ci95"] is not None
+    assert paired_comparison(v[:7].tolist(), b[:7].tolist())["bootstrap_ci95"] is None
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_detectable_effect_has_80_percent_power_by_simulation(n: int) -> None:
+    from attnlab.studies.stats import detectable_effect, paired_power
+
+    sd = 0.02
+    mde = detectable_effect(sd, n)
+    assert paired_power(mde, sd, n) == pytest.approx(0.8, abs=1e-6)
+    assert _simulated_power(mde, sd, n) == pytest.approx(0.8, abs=0.01)
+    # never below the normal approximation, which ignores that sd itself is estimated
+    normal = (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * sd / math.sqrt(n)
+    assert mde > normal
+
+
+def test_detectable_effect_approaches_the_normal_formula_for_many_seeds() -> None:
+    from attnlab.studies.stats import detectable_effect
+
+    n, sd = 2000, 0.03
+    normal = (stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * sd / math.sqrt(n)
+    assert detectable_effect(sd, n) == pytest.approx(normal, rel=2e-3)
+
+
+def test_seeds_needed_is_the_first_count_with_80_percent_power() -> None:
+    from attnlab.studies.stats import seeds_needed
+
+    effect, sd = 0.01, 0.015
+    n = seeds_needed(effect, sd)
+    assert n is not None and n > 2
+    assert _simulated_power(effect, sd, n) >= 0.8 - 0.01
+    assert _simulated_power(effect, sd, n - 1) < 0.8 + 0.01
+    assert seeds_needed(-effect, sd) == n  # two-sided: the sign does not matter
+    assert seeds_needed(0.0, sd) is None and seeds_needed(effect, math.nan) is None
+    assert seeds_needed(1e-9, 1.0) is None  # beyond any number of seeds worth reporting
+    # the comparison quotes it for the claimed difference at the observed spread
+    r = paired_comparison(VARIANT, BASELINE, claimed=-0.02)
+    assert r["claimed_diff"] == -0.02
+    assert r["seeds_for_claim"] == seeds_needed(0.02, r["sd_diff"])
+
+
+def test_power_figures_at_the_edges() -> None:
+    """Two seeds (df 1), no spread, and non-finite seeds left out."""
+    two = paired_comparison([1.0, 1.2], [1.1, 1.25], claimed=-0.05)
+    ci = stats.ttest_rel([1.0, 1.2], [1.1, 1.25]).confidence_interval()
+    assert two["ci95"] == pytest.approx([ci.low, ci.high])
+    assert math.isfinite(two["mde"]) and two["mde"] > abs(two["mean_diff"])
+    assert two["bootstrap_ci95"] is None and two["seeds_for_claim"] >= 3
+    flat = paired_comparison([1.0, 2.0, 3.0], [1.25, 2.25, 3.25], claimed=-0.1)
+    assert flat["no_spread"] and all(math.isnan(x) for x in (*flat["ci95"], flat["mde"]))
+    assert flat["seeds_for_claim"] is None and flat["bootstrap_ci95"] is None
+    holes = paired_comparison([1.0, math.nan, 1.2, 0.9], [1.1, 1.1, 1.3, 1.05], claimed=-0.05)
+    clean = paired_comparison([1.0, 1.2, 0.9], [1.1, 1.3, 1.05], claimed=-0.05)
+    for key in ("ci95", "mde", "sd_diff", "seeds_for_claim", "ppl_ci95_pct"):
+        assert holes[key] == clean[key], key
+    assert math.isnan(paired_comparison([1.0], [1.1])["mde"])

@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT, run_cli
 from scipy import stats
 
+from attnlab.bench.overhead import bench_variants
 from attnlab.errors import AttnlabError
 from attnlab.studies import output
 from attnlab.studies import spec as spec_format
@@ -142,6 +143,11 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
     assert "## Per-position loss (vanilla-128 vs kv-bias-112" in report and "## Name test" in report
     assert "Unavailable" not in report
     assert "vanilla-128-wallclock" in report and "kv-bias-112 vs vanilla-128-wallclock" in report
+    # the wall-clock arm's stretched schedule (its cosine ends with its budget), and a verdict
+    # per comparison
+    assert f"Its schedule as its runs train it: {budget} iterations, warmup 2, cosine" in report
+    assert f"at iteration {budget} (vanilla-128: 20 iterations" in report
+    assert all(f"- **{c['variant']} vs {c['baseline']}: " in report for c in results["comparisons"])
     lines = (out / "results.csv").read_text().splitlines()
     assert len(lines) == 1 + len(runs)
 
@@ -356,7 +362,15 @@ def test_shipped_specs_resolve_at_every_preset() -> None:
     from attnlab.train.spec import as_overrides, resolve
 
     names = {name for name, _ in list_studies()}
-    assert names == {"kv-bias", "qkve", "gba-lm", "gba-retrieval", "overhead"}
+    assert names == {
+        "kv-bias",
+        "kv-bias-4l",
+        "qkve",
+        "gba-lm",
+        "gba-retrieval",
+        "overhead",
+        "gates",
+    }
     for name in names:
         spec = load_spec(name)
         assert set(spec.scales) == {"ci", "cpu", "paper"}, name
@@ -524,13 +538,13 @@ def test_overhead_study_refuses_an_unknown_variant_before_writing(tmp_path: Path
     """A mechanism label no SPEC declares (here the old "value gate") is one line, nothing written."""
     spec = (ROOT / "attnlab/studies/specs/overhead.toml").read_text()
     spec_file = tmp_path / "overhead.toml"
-    spec_file.write_text(re.sub(r"mechanisms = \[.*\]", 'mechanisms = ["value gate"]', spec))
+    spec_file.write_text(spec.replace("[params]\n", '[params]\nmechanisms = ["value gate"]\n'))
     out = tmp_path / "out"
     proc = run_cli("study", str(spec_file), "--preset", "ci", "--out", str(out))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "attnlab study: error: unknown benchmark variant 'value gate'; did you mean 'value-gate'? "
-        "known: kv-bias, kv-bias-detached, value-gate, twicing, boosted"
+        f"known: {', '.join(bench_variants())}"
     ]
     assert not out.exists()
 

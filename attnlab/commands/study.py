@@ -22,9 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the shipped studies")
     p.add_argument(
         "--preset",
-        default="ci",
         choices=("ci", "cpu", "paper"),
-        help="scale: ci (a smoke test, a few minutes), cpu (about an hour on 2 cores), paper (the seed's settings)",
+        help="scale: ci (a smoke test, a few minutes; the default), cpu (about an hour on 2 "
+        "cores), paper (the seed's settings)",
     )
     p.add_argument("--out", help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
@@ -39,6 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variants",
         help="comma-separated variants to train (default: all); the results and report still "
         "cover the whole study, with the finished runs of the others",
+    )
+    p.add_argument(
+        "--allow-mixed-commits",
+        action="store_true",
+        help="report runs trained at different commits (or uncommitted diffs) together; "
+        "refused otherwise",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help=f"train nothing: rebuild {output.REPORT}, {output.RESULTS_JSON}, "
+        f"{output.RESULTS_CSV} and {output.STUDY_JSON} in --out from its {output.RESULTS_JSON} "
+        f"and {output.STUDY_JSON} with this version's statistics (the run folders may be gone)",
     )
     p.set_defaults(func=run)
 
@@ -55,28 +68,49 @@ def run(args: argparse.Namespace) -> int:
     if not args.study or not args.out:
         raise AttnlabError("give a study (name or TOML file) and --out DIR, or --list")
     from attnlab.studies.output import StudyDir
-    from attnlab.studies.runner import run_study
+    from attnlab.studies.runner import report_study, run_study
 
     spec = load_spec(args.study)
+    command = shlex.join(["attnlab", *sys.argv[1:]])
+    if args.report_only:
+        given = [
+            flag
+            for flag, value in (
+                ("--preset", args.preset),
+                ("--seeds", args.seeds),
+                ("--data", args.data),
+                ("--variants", args.variants),
+                ("--allow-mixed-commits", args.allow_mixed_commits),
+                ("--jobs", args.jobs != 1),
+            )
+            if value
+        ]
+        if given:  # each would be ignored: the study folder says what ran
+            raise AttnlabError(f"--report-only takes the study as it ran; leave out {given[0]}")
+        report_study(spec, args.out, command=command)
+        print(f"study {spec.name}: reported again in {StudyDir(args.out).report}")
+        return 0
     if args.data and spec.kind != "lm":  # it was ignored without a word
         raise AttnlabError(
             f"--data: kind = {spec.kind!r} studies train on no data folder; leave it out"
         )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    preset = args.preset or "ci"
     result = run_study(
         spec,
-        args.preset,
+        preset,
         args.out,
         seeds=args.seeds,
         jobs=args.jobs,
         data=args.data,
         variants=variants,
         progress=lambda line: print(line, flush=True),
-        command=shlex.join(["attnlab", *sys.argv[1:]]),
+        command=command,
+        allow_mixed_commits=args.allow_mixed_commits,
     )
     failed = sum(r["status"] == "failed" for r in result["runs"])
     print(
-        f"study {spec.name} ({args.preset}): {len(result['runs'])} runs, {failed} failed; "
+        f"study {spec.name} ({preset}): {len(result['runs'])} runs, {failed} failed; "
         f"report in {StudyDir(args.out).report}"
     )
     return 1 if failed else 0

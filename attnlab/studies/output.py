@@ -4,7 +4,9 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
 
     results.json   the training runs (RUN_FIELDS each) and the paired comparisons between them
     results.csv    the same runs, one row each
-    study.json     what ran (spec, preset, seeds, command, commit) and the kind's own results
+    study.json     what ran (spec and its text, preset, seeds, command, commit and dirty tree,
+                   packages, data provenance, resolved configs, the runs' code states) and the
+                   kind's own results
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 
@@ -90,6 +92,19 @@ class StudyDir:
         except (OSError, ValueError):
             return {}
 
+    def read_results(self) -> dict[str, Any]:
+        """results.json, to report a study again without its runs."""
+        path = self.path / RESULTS_JSON
+        try:
+            results = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise AttnlabError(f"{path}: not found; run the study first") from None
+        except (OSError, ValueError) as e:
+            raise AttnlabError(f"cannot read {path}: {e}") from None
+        if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
+            raise AttnlabError(f"{path} is not a study's results (no list of runs)")
+        return results
+
     def write_results(self, results: dict[str, Any], study: dict[str, Any]) -> None:
         """results.json, results.csv (the runs of ``results``) and study.json."""
         write_json(self.path / RESULTS_JSON, _nan_to_none(results))
@@ -102,7 +117,9 @@ class StudyDir:
         write_json(self.path / STUDY_JSON, _nan_to_none(study))
 
     def write_report(self, text: str) -> None:
-        self.report.write_text(text)
+        tmp = self.path / f"{REPORT}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.report)
 
 
 def figure_link(name: str) -> str:

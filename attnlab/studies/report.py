@@ -3,6 +3,7 @@ markdown helpers the kinds write their sections with."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -63,12 +64,153 @@ def _scale_lines(spec: StudySpec, preset: str) -> list[str]:
     return [*lines, ""]
 
 
+def code_state(commit: Any, dirty: Any, diff: Any) -> str:
+    """A recorded code state as text: the commit, and whether the package had uncommitted work."""
+    name = f"commit `{commit}`" if commit else "an unknown commit"
+    if dirty is None:
+        return f"{name} (whether the package was as committed was not recorded)"
+    if not dirty:
+        return f"{name} (the package as committed)"
+    return (
+        f"{name} with uncommitted changes to the package (sha256 of its `git diff HEAD` and "
+        f"untracked files `{diff}`)"
+    )
+
+
+def _short(sha: Any) -> Any:
+    """A hash cut to 12 characters where a line names many (study.json keeps it whole)."""
+    return sha[:12] if isinstance(sha, str) else sha
+
+
 def _provenance(record: dict[str, Any]) -> list[str]:
-    """Which command and which commit produced this report (when known)."""
+    """Which command and code state produced this report, and which trained its runs."""
     command, commit = record.get("command"), record.get("git_commit")
     parts = [f"Produced by `{command}`" if command else "Produced"]
     parts.append(f"at commit `{commit}`." if commit else "(commit unknown).")
-    return [" ".join(parts), ""]
+    lines = [" ".join(parts), ""]
+    dirty, diff = record.get("git_dirty"), record.get("git_diff_sha256")
+    if dirty:
+        lines += [
+            "The package had uncommitted changes (sha256 of its `git diff HEAD` and untracked "
+            f"files `{diff}`).",
+            "",
+        ]
+    elif dirty is not None:
+        lines += ["The package was as committed.", ""]
+    again = record.get("reported")
+    if again:
+        lines += [
+            f"Reported again by `{again.get('command')}` at "
+            f"{code_state(again['git_commit'], again['git_dirty'], again['git_diff_sha256'])}, "
+            "from results.json and study.json alone (no run retrained; the statistics are "
+            f"this commit's); the spec: {again.get('spec_from')}.",
+            "",
+        ]
+    groups = record.get("run_commits")
+    if groups:
+        states = [code_state(g["commit"], g["dirty"], _short(g["diff_sha256"])) for g in groups]
+        if len(groups) == 1:
+            lines += [f"Every run trained at {states[0]}, as its env.json records.", ""]
+        else:
+            described = [
+                f"{s}: {', '.join(g['runs'])}" for s, g in zip(states, groups, strict=True)
+            ]
+            why = (
+                "mixed on request (`--allow-mixed-commits`)"
+                if record.get("mixed_commits_allowed")
+                else "the code changed while the study ran; a rerun refuses to add to them "
+                "without `--allow-mixed-commits`"
+            )
+            lines += [
+                f"**Runs of {len(groups)} code states** ({why}): " + "; ".join(described) + ".",
+                "",
+            ]
+    elif record.get("kind") == "lm":
+        lines += ["The runs' code states were not recorded (their run folders are absent).", ""]
+    return lines
+
+
+def _config_lines(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """The variants' configs as the values they share and, per variant, those that differ
+    (study.json holds each in full)."""
+    flat = {
+        name: {
+            f"{part}.{k}": json.dumps(v)
+            for part in ("model", "train")
+            for k, v in c[part].items()
+            if k != "extra"  # the study's own bookkeeping (the variant's name)
+        }
+        | {"data": json.dumps(c.get("data"))}
+        for name, c in configs.items()
+    }
+    keys = list(dict.fromkeys(k for f in flat.values() for k in f))
+    shared = [k for k in keys if len({f.get(k) for f in flat.values()}) == 1]
+    rows = [
+        [name, ", ".join(f"`{k}={f[k]}`" for k in keys if k not in shared and k in f) or "–"]
+        for name, f in flat.items()
+    ]
+    first = next(iter(flat.values()))
+    return [
+        "Shared by every variant: " + ", ".join(f"`{k}={first[k]}`" for k in shared) + ".",
+        "",
+        *md_table(["variant", "its own values"], rows),
+    ]
+
+
+def _provenance_section(record: dict[str, Any]) -> list[str]:
+    """Packages, data folders, resolved configs and the spec's text, at the end of the report."""
+    lines = ["## Provenance", ""]
+    again = record.get("reported") or {}
+
+    def listed(versions: dict[str, str]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in versions.items())
+
+    if record.get("packages"):
+        lines += [f"Packages: {listed(record['packages'])}.", ""]
+    elif again.get("packages"):
+        lines += [
+            "Packages: not recorded when the study ran; reported again with "
+            f"{listed(again['packages'])}.",
+            "",
+        ]
+    if record.get("kind") == "lm" and not record.get("data"):
+        lines += ["The data folder's provenance was not recorded when the study ran.", ""]
+    for folder, d in (record.get("data") or {}).items():
+        meta = d.get("meta", {})
+        origin = meta.get("provenance", {}) if isinstance(meta.get("provenance"), dict) else {}
+        bins = ", ".join(
+            f"{n} `{b['sha256']}` ({b['bytes']:,} bytes)" for n, b in d["bins"].items()
+        )
+        lines += [
+            f"Data `{folder}`: {origin.get('name', 'corpus')}, {meta.get('tokenizer')} tokenizer, "
+            f"vocab {meta.get('vocab_size')}, {num(meta.get('train_tokens'), ',')} train / "
+            f"{num(meta.get('val_tokens'), ',')} val tokens; sha256 {bins} (meta.json in "
+            "study.json).",
+            "",
+        ]
+    configs = record.get("configs")
+    if configs:
+        lines += [
+            "<details><summary>Each variant's resolved model and training config"
+            + (" (resolved again from the spec when reported again)" if again else "")
+            + "</summary>",
+            "",
+            *_config_lines(configs),
+            "</details>",
+            "",
+        ]
+    if record.get("spec_text"):
+        lines += [
+            f"<details><summary>The study spec ({record.get('source')})</summary>",
+            "",
+            "```toml" if str(record.get("source")).endswith(".toml") else "```json",
+            record["spec_text"].strip(),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
+    return lines if len(lines) > 2 else []
 
 
 def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[str]) -> str:
@@ -80,10 +222,12 @@ def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[
         spec.description,
         "",
         f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
-        f"{record['elapsed_s']:.0f} s this invocation.",
+        f"{record['elapsed_s']:.0f} s "
+        + ("in the invocation that ran it." if record.get("reported") else "this invocation."),
         "",
         *_provenance(record),
         *_scale_lines(spec, preset),
         *sections,
+        *_provenance_section(record),
     ]
     return "\n".join(lines).rstrip() + "\n"

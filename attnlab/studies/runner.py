@@ -1,7 +1,9 @@
 """Run a study: its kind's units of work (attnlab.studies.kinds), then statistics and report.
 
 The study folder (attnlab.studies.output) is rewritten after every finished unit of work, so an
-interrupted study shows what it has, and rerunning the same command finishes it.
+interrupted study shows what it has, and rerunning the same command finishes it. A study folder
+can also be reported again from its results.json and study.json alone (``report_study``), with
+the statistics and report of this attnlab, when its run folders are gone.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.rundir import finished_summary
+from attnlab.studies import provenance
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
-from attnlab.studies.output import RUN_FIELDS, StudyDir
+from attnlab.studies.output import RUN_FIELDS, STUDY_JSON, StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.report import render
-from attnlab.studies.spec import StudySpec
-from attnlab.train.environment import environment
+from attnlab.studies.spec import StudySpec, load_spec_text, shipped_spec_at
+from attnlab.train.environment import process_git_state
+
+# what a kind computes again when a study is reported again; the rest of study.json is kept
+_REBUILT = ("variants", "run_commits")
 
 
 def run_study(
@@ -33,13 +38,16 @@ def run_study(
     variants: list[str] | None = None,
     progress: Progress | None = None,
     command: str | None = None,
+    allow_mixed_commits: bool = False,
 ) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
     ``variants`` restricts what an LM study trains to those arms: the results, comparisons and
     report still cover the whole study, with every finished run of the others found in ``out``.
-    ``command`` is recorded at the top of the report. Returns results.json's content with
-    study.json's as ``study``.
+    ``command`` is recorded at the top of the report. Runs made at different code states (commit,
+    or uncommitted diff), counting the ones this invocation trains, are refused before anything
+    is written unless ``allow_mixed_commits``. Returns results.json's content with study.json's
+    as ``study``.
     """
     if variants is not None:
         if not variants:  # `--variants ,` ran every variant
@@ -60,38 +68,139 @@ def run_study(
         except AttnlabError as e:
             raise AttnlabError(f"{spec.source}: scale {preset}: data: {e}") from None
     folder = StudyDir(out)
+    seed_list = list(range(n_seeds))
+    git = process_git_state()
+    if not allow_mixed_commits:
+        provenance.refuse_mixed(_code_states(spec, folder, seed_list, git))
+    header = {
+        "name": spec.name,
+        "description": spec.description,
+        "kind": spec.kind,
+        "preset": preset,
+        "seeds": seed_list,
+        "jobs": jobs,
+        "source": spec.source,
+        "notes": scale.notes,
+        "command": command,
+        **_git_fields(git),
+        "packages": provenance.packages(),
+        "spec_text": spec.text,
+        "mixed_commits_allowed": allow_mixed_commits,
+    }
     # held until the study returns: a second study in this folder is refused
     with folder.create():
-        seed_list = list(range(n_seeds))
-        t0 = time.perf_counter()
-        header = {
-            "name": spec.name,
-            "description": spec.description,
-            "kind": spec.kind,
-            "preset": preset,
-            "seeds": seed_list,
-            "jobs": jobs,
-            "source": spec.source,
-            "notes": scale.notes,
-            "command": command,
-            "git_commit": environment(torch.device("cpu"))["git_commit"],
+        study = _study(
+            spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
+        )
+        return study.publish(kind.run(study))
+
+
+def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -> dict[str, Any]:
+    """Report the study in ``out`` again from its results.json and study.json, training
+    nothing: the statistics and report of this attnlab on the spec as that study ran it (its
+    recorded text, else the shipped spec at its recorded commit). What ran the study (command,
+    commit, time) is kept; what reported it now is recorded beside it as ``reported``."""
+    folder = StudyDir(out)
+    record, results = folder.previous(), folder.read_results()
+    if record.get("name") != spec.name:
+        raise AttnlabError(
+            f"{folder.path} holds study {record.get('name')!r}, not {spec.name!r}; "
+            "name the study it holds"
+        )
+    spec, origin = _spec_as_run(spec, record)
+    header = {k: v for k, v in record.items() if k not in _REBUILT}
+    header["spec_text"] = spec.text
+    header["reported"] = {
+        "command": command,
+        **_git_fields(process_git_state()),
+        "packages": provenance.packages(),
+        "spec_from": origin,
+    }
+    with folder.create():
+        study = _study(spec, record["preset"], folder, record["seeds"], 1, None, None, header, None)
+        return study.publish(KINDS[spec.kind].rebuild(study, results, record))
+
+
+def _git_fields(git: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "git_commit": git["commit"],
+        "git_dirty": git["dirty"],
+        "git_diff_sha256": git["diff_sha256"],
+    }
+
+
+def _spec_as_run(spec: StudySpec, record: dict[str, Any]) -> tuple[StudySpec, str]:
+    """The spec a recorded study ran, and where its text came from: study.json's own copy,
+    else the shipped spec's file at the study's commit (shipped specs change), else ``spec``."""
+    if record.get("spec_text"):  # where an earlier report-only found it, if one put it there
+        origin = (record.get("reported") or {}).get("spec_from") or STUDY_JSON
+        return load_spec_text(record["spec_text"], spec.source), origin
+    commit = record.get("git_commit")
+    text = shipped_spec_at(spec.source, commit) if commit else None
+    if text is not None:
+        return load_spec_text(text, spec.source), f"{spec.source} at commit {commit}"
+    return spec, f"{spec.source} as it is now (the study recorded no spec text)"
+
+
+def _code_states(
+    spec: StudySpec, folder: StudyDir, seeds: list[int], git: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The code states of the runs this invocation would report, grouped: each run folder's
+    recorded ones, and the current one for every run it would train or resume."""
+    now = (git["commit"], git["dirty"], git["diff_sha256"])
+    states = {}
+    for name in spec.variants:
+        for seed in seeds:
+            run_dir = folder.run_dir(name, seed)
+            finished = finished_summary(run_dir) is not None
+            if finished or spec.trains(name):
+                states[name, seed] = provenance.run_states(run_dir) + ([] if finished else [now])
+    return provenance.group_states(states)
+
+
+def _run_commits(runs: list[dict[str, Any]], earlier: list[dict[str, Any]] | None) -> Any:
+    """The code states the finished runs trained at, from their env.json; ``earlier`` (the
+    study's record) when none of their folders is here any more."""
+    found = {
+        (r["variant"], r["seed"]): states
+        for r in runs
+        if r.get("status") == "ok" and r.get("run_dir")
+        if (states := provenance.run_states(r["run_dir"]))
+    }
+    return provenance.group_states(found) if found else earlier
+
+
+def _study(
+    spec: StudySpec,
+    preset: str,
+    folder: StudyDir,
+    seeds: list[int],
+    jobs: int,
+    data: str | Path | None,
+    progress: Progress | None,
+    header: dict[str, Any],
+    t0: float | None,
+) -> Study:
+    """The study, with its ``publish``: rewrite the study folder from an outcome (results,
+    study.json from ``header`` and the outcome, report.md). ``t0`` None: reported again, so
+    the time and retrained runs of the study's own invocation stay as recorded."""
+
+    def publish(outcome: Outcome) -> dict[str, Any]:
+        results = {
+            "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in outcome.runs],
+            "comparisons": outcome.comparisons,
         }
+        record = dict(header)
+        if t0 is not None:
+            record["elapsed_s"] = time.perf_counter() - t0
+            record["retrained"] = sum(not r.get("skipped", True) for r in outcome.runs)
+        record["variants"] = outcome.variants
+        record.update(outcome.extra)
+        record["run_commits"] = _run_commits(outcome.runs, folder.previous().get("run_commits"))
+        folder.write_results(results, record)
+        sections = KINDS[spec.kind].sections(study, results, record)
+        folder.write_report(render(spec, preset, record, sections))
+        return {**results, "study": record}
 
-        def publish(outcome: Outcome) -> dict[str, Any]:
-            results = {
-                "runs": [{k: r.get(k) for k in RUN_FIELDS} for r in outcome.runs],
-                "comparisons": outcome.comparisons,
-            }
-            record = {
-                **header,
-                "elapsed_s": time.perf_counter() - t0,
-                "retrained": sum(not r.get("skipped", True) for r in outcome.runs),
-                "variants": outcome.variants,
-                **outcome.extra,
-            }
-            folder.write_results(results, record)
-            folder.write_report(render(spec, preset, record, kind.sections(study, results, record)))
-            return {**results, "study": record}
-
-        study = Study(spec, preset, folder, seed_list, jobs, data, progress, publish)
-        return publish(kind.run(study))
+    study = Study(spec, preset, folder, seeds, jobs, data, progress, publish)
+    return study

@@ -18,6 +18,8 @@ variant's own overrides < the scale's per-variant overrides. A scale (``[scale.c
 
 from __future__ import annotations
 
+import json
+import subprocess
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -56,6 +58,7 @@ class Comparison:
     variant: str
     wallclock: bool = False
     wallclock_reference: float | None = None  # the seed's value for the wall-clock-matched baseline
+    reference_t: float | None = None  # the seed's published paired t, shown beside ours
 
 
 @dataclass
@@ -81,6 +84,7 @@ class StudySpec:
     scales: dict[str, Scale]
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific (tables, widths, ...)
     source: str = ""
+    text: str = ""  # the spec's full contents: its TOML text, or the table it was given as JSON
     # the variants this invocation may train (None: all, ``training``); the others' finished
     # runs are still reported, so results and report always cover the whole study
     to_train: frozenset[str] | None = None
@@ -166,14 +170,37 @@ def load_spec(name_or_path: str | Path) -> StudySpec:
             raise AttnlabError(f"study spec {path} is not UTF-8 text") from None
         except OSError as e:  # unreadable
             raise AttnlabError(f"study spec {path}: {e.strerror}") from None
-        return parse_spec(_load_toml_text(text, str(path)), str(path))
+        return load_spec_text(text, str(path))
     entry = _specs_dir() / f"{name_or_path}.toml"
     if not entry.is_file():
         known = ", ".join(name for name, _ in list_studies())
         raise AttnlabError(
             f"unknown study {str(name_or_path)!r} (known: {known}; or pass a .toml path)"
         )
-    return parse_spec(_load_toml_text(entry.read_text(), entry.name), entry.name)
+    return load_spec_text(entry.read_text(), entry.name)
+
+
+def load_spec_text(text: str, source: str) -> StudySpec:
+    """A spec from its ``text`` as a study folder recorded it (``StudySpec.text``: TOML, or the
+    JSON of a spec given as a table); ``source`` names it."""
+    if text.lstrip().startswith("{"):  # no TOML document starts with a brace
+        return parse_spec(json.loads(text), source, text)
+    return parse_spec(_load_toml_text(text, source), source, text)
+
+
+def shipped_spec_at(name: str, commit: str) -> str | None:
+    """The text of the shipped spec file ``name`` at git ``commit`` (None where that cannot
+    be read: not a shipped spec's name, no git checkout, no such commit or file)."""
+    if Path(name).name != name or not name.endswith(".toml"):
+        return None
+    try:
+        folder = Path(str(_specs_dir()))
+        proc = subprocess.run(
+            ["git", "show", f"{commit}:./{name}"], capture_output=True, timeout=30, cwd=folder
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
 def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -234,8 +261,8 @@ def _check_path_name(name: str, what: str) -> None:
         )
 
 
-def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
-    """Validate a study table (as read from TOML) into a StudySpec."""
+def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) -> StudySpec:
+    """Validate a study table (as read from TOML ``text``) into a StudySpec."""
     where = source or "study spec"
     _check_keys(
         data, ("name", "description", "kind", "variants", "comparisons", "scale", "params"), where
@@ -281,7 +308,9 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         raise AttnlabError(f"{where}: comparisons must be [[comparisons]] tables")
     for c in listed:
         _check_keys(
-            c, ("baseline", "variant", "wallclock", "wallclock_reference"), f"{where} comparison"
+            c,
+            ("baseline", "variant", "wallclock", "wallclock_reference", "reference_t"),
+            f"{where} comparison",
         )
         for role in ("baseline", "variant"):
             if c.get(role) not in variants:
@@ -298,6 +327,7 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
                 c["variant"],
                 bool(_typed(c, "wallclock", (bool,), at)),
                 _typed(c, "wallclock_reference", (float,), at),
+                _typed(c, "reference_t", (float,), at),
             )
         )
     scales = {}
@@ -339,6 +369,7 @@ def parse_spec(data: dict[str, Any], source: str = "") -> StudySpec:
         scales,
         _table(data, "params", where),
         source,
+        text if text is not None else json.dumps(data, indent=2, default=str),
     )
     _add_wallclock_variants(spec)
     return spec

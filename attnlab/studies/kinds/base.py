@@ -38,7 +38,8 @@ class Study:
     jobs: int  # units of work in parallel processes
     data: str | Path | None  # the prepared data folder for every training run (None: the spec's)
     progress: Progress | None
-    publish: Callable[[Outcome], object]  # rewrites the study folder from an outcome
+    # rewrites the study folder from an outcome; returns results.json's content and study.json's
+    publish: Callable[[Outcome], dict[str, Any]]
 
 
 class StudyKind(Protocol):
@@ -50,6 +51,11 @@ class StudyKind(Protocol):
 
     def run(self, study: Study) -> Outcome:
         """Compute (or resume) every unit of work, ``study.publish`` after each; the final outcome."""
+        ...
+
+    def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
+        """The outcome again from a written results.json and study.json (``record``), training
+        or measuring nothing: its statistics as this attnlab computes them."""
         ...
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:

@@ -17,7 +17,16 @@ from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import finished_summary
-from attnlab.studies.jobs import Job, Pace, refuse_other_setups, run_all, time_steps, train_one
+from attnlab.studies import provenance
+from attnlab.studies.jobs import (
+    Job,
+    Pace,
+    planned,
+    refuse_other_setups,
+    run_all,
+    time_steps,
+    train_one,
+)
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
@@ -58,6 +67,9 @@ class LanguageModel:
             k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
         }
         first_jobs = _jobs(study, first, {})
+        # hashed once: the bins' sha256 (kept in study.json, taken again only if a bin changed)
+        folders = {job.variant: job.data for job in first_jobs}
+        data = provenance.data_provenance(folders.values(), study.out.previous().get("data", {}))
         # the runs considered: every seed of a trained variant, the finished ones of the others
         total = len(first_jobs) + sum(
             len(_considered(study, name))
@@ -72,7 +84,7 @@ class LanguageModel:
                 result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
             else:
                 result = f"FAILED {row.get('error', '')}"
-            study.publish(_outcome(spec, runs, {"wallclock": budgets}))
+            study.publish(_outcome(study, runs, {"wallclock": budgets}, folders, data))
             what = f"{row['variant']} seed {row['seed']}"
             tracker.done(what, result, row.get("seconds", 0), row["skipped"])
 
@@ -98,16 +110,60 @@ class LanguageModel:
                     for s in seeds
                 ]
         extra = {"wallclock": budgets, "analyses": run_analyses(study, runs)}
-        return _outcome(spec, runs, extra)
+        return _outcome(study, runs, extra, folders, data)
+
+    def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
+        """The comparisons and per-variant statistics again from results.json's runs; the
+        wall-clock budgets and analyses as recorded (they need the run folders)."""
+        known = record.get("data") or {}
+        folders = {n: c.get("data") for n, c in (record.get("configs") or {}).items()}
+        extra = {k: record[k] for k in ("wallclock", "analyses") if k in record}
+        data = provenance.data_provenance(known, known)
+        return _outcome(study, results["runs"], extra, folders, data)
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         return lm_report.sections(study, results, record)
 
 
-def _outcome(spec: StudySpec, runs: list[dict[str, Any]], extra: dict[str, Any]) -> Outcome:
+def _outcome(
+    study: Study,
+    runs: list[dict[str, Any]],
+    extra: dict[str, Any],
+    folders: dict[str, str],
+    data: dict[str, Any],
+) -> Outcome:
+    """The outcome of ``runs``, with what each variant trains and on which data (study.json)."""
+    spec = study.spec
+    configs = resolved_configs(study, extra.get("wallclock", {}), folders, data)
+    setup = {"configs": configs, "data": data}
     if not runs:
-        return Outcome(extra=extra)
-    return Outcome(list(runs), compare(runs, spec), variant_stats(runs, spec), extra)
+        return Outcome(extra={**extra, **setup})
+    return Outcome(list(runs), compare(runs, spec), variant_stats(runs, spec), {**extra, **setup})
+
+
+def resolved_configs(
+    study: Study, budgets: dict[str, dict[str, Any]], folders: dict[str, str], data: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Each variant's model and training config as its runs train them (the seed aside: run
+    ``s`` trains with seed ``s``), a wall-clock-matched one at its budget once timed, and its
+    data folder (``folders``, None where unknown). The vocabulary is the data's where the runs
+    take it from their data (None if that folder's provenance is not recorded)."""
+    spec, out = study.spec, {}
+    for name, variant in spec.variants.items():
+        if variant.clock_of and name not in budgets:
+            continue  # not timed yet: its iterations are not known
+        folder = folders.get(name) or folders.get(variant.matches or "")
+        model, train = spec.layered(variant, study.preset)
+        budget = budgets.get(name, {}).get("iters")
+        # a folder path that is never read: an empty one would make resolve prepare the data
+        job = Job(name, 0, variant.preset, model, train, folder or "(not recorded)", "", budget)
+        plan = planned(job)
+        model_config = plan.model.to_dict()
+        if plan.vocab_from_data:  # None: the data's, which was not recorded
+            model_config["vocab_size"] = data.get(folder, {}).get("meta", {}).get("vocab_size")
+        train_config = {k: v for k, v in plan.train.to_dict().items() if k != "seed"}
+        out[name] = {"model": model_config, "train": train_config, "data": folder}
+    return out
 
 
 def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Path | None) -> str:
@@ -119,7 +175,7 @@ def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Pat
         folder = Path(chosen).expanduser()
     else:
         folder = default_data_for(get_preset(variant.preset).data)
-    return str(folder if folder is not None else load_dataset(None).dir)
+    return str(load_dataset(folder).dir)  # a shipped corpus is prepared now, once
 
 
 def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
@@ -208,7 +264,8 @@ def _finished(runs: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
 
 
 def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]:
-    """Paired t-test per comparison over the seeds where both arms finished, Holm over all."""
+    """Paired t-test per comparison over the seeds where both arms finished, Holm over all; the
+    seed's claimed difference is its reference of the variant less that of the baseline."""
     losses = {
         (r["variant"], r["seed"]): r["val_loss"]
         for r in runs
@@ -217,10 +274,21 @@ def compare(runs: list[dict[str, Any]], spec: StudySpec) -> list[dict[str, Any]]
     rows = []
     for comp in spec.comparisons:
         seeds = sorted(s for (v, s) in losses if v == comp.variant and (comp.baseline, s) in losses)
+        refs = [spec.variants[name].reference for name in (comp.variant, comp.baseline)]
         stats = paired_comparison(
-            [losses[comp.variant, s] for s in seeds], [losses[comp.baseline, s] for s in seeds]
+            [losses[comp.variant, s] for s in seeds],
+            [losses[comp.baseline, s] for s in seeds],
+            claimed=refs[0] - refs[1] if None not in refs else None,
         )
-        rows.append({"baseline": comp.baseline, "variant": comp.variant, **stats, "seeds": seeds})
+        rows.append(
+            {
+                "baseline": comp.baseline,
+                "variant": comp.variant,
+                **stats,
+                "reference_t": comp.reference_t,
+                "seeds": seeds,
+            }
+        )
     for row, p in zip(rows, holm([r["p"] for r in rows]), strict=True):
         row["p_holm"] = p
     return rows

@@ -14,6 +14,7 @@ from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link
 from attnlab.studies.report import md_table, num, p_cell, p_value
+from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, MAX_SEEDS, POWER
 
 CURVES = "curves.png"
 # line styles and markers cycle independently of colours, so coinciding curves stay visible
@@ -51,6 +52,14 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "same amount, which a t-test cannot weigh.",
         "",
         *_comparison_table(results["comparisons"]),
+        f"MDE = the smallest |mean diff| these seeds detect with {100 * POWER:.0f} % power at "
+        f"α = {ALPHA} given the observed spread (exact, noncentral t); bootstrap = percentile "
+        f"interval of {BOOTSTRAP_RESAMPLES:,} resamples of the seeds (fixed generator seed), "
+        f"from {BOOTSTRAP_MIN_N} seeds. ppl change = exp(mean diff) − 1 and its CI exp of the "
+        f"difference's t interval. Verdicts at p < {ALPHA} (uncorrected; Holm beside it):",
+        "",
+        *(f"- {verdict(c)}" for c in results["comparisons"]),
+        "",
     ]
     failed = [r for r in results["runs"] if r["status"] == "failed"]
     if failed:
@@ -60,7 +69,9 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
             *(f"- {r['variant']} seed {r['seed']}: `{r['error']}`" for r in failed),
             "",
         ]
-    if plot_curves(results["runs"], study.out.figure(CURVES), f"{spec.name}: validation loss"):
+    drawn = plot_curves(results["runs"], study.out.figure(CURVES), f"{spec.name}: validation loss")
+    # reported again without the run folders: the figure drawn when they were here stands
+    if drawn or (record.get("reported") and study.out.figure(CURVES).is_file()):
         lines += [
             "## Training curves",
             "",
@@ -127,8 +138,52 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
         lines += [
             f"{speeds}{how} So `{name}` trains {b['baseline']} for {b['iters']} iterations.",
             "",
+            *_schedule_lines(name, b, record.get("configs") or {}),
         ]
     return lines
+
+
+def _schedule_lines(name: str, budget: dict[str, Any], configs: dict[str, Any]) -> list[str]:
+    """The wall-clock arm's stretched schedule beside its baseline's, and whether the timing
+    ratio's IQR tells the arm apart from the equal-iteration one."""
+    lines = []
+    arm, base = configs.get(name), configs.get(budget["baseline"])
+    if arm and base:
+
+        def schedule(train: dict[str, Any]) -> str:
+            if not train["decay_lr"]:
+                return f"{train['max_iters']} iterations at a constant learning rate"
+            end = train["lr_decay_iters"] or train["max_iters"]
+            return (
+                f"{train['max_iters']} iterations, warmup {train['warmup_iters']}, cosine decay "
+                f"to {train['min_lr']:g} at iteration {end}"
+            )
+
+        lines += [
+            f"Its schedule as its runs train it: {schedule(arm['train'])} "
+            f"({budget['baseline']}: {schedule(base['train'])}).",
+            "",
+        ]
+    iqr = budget.get("ratio_iqr")  # none from an earlier attnlab's logged step times
+    if not iqr:
+        return lines
+    if iqr[0] <= 1.0 <= iqr[1]:
+        lines.append(
+            f"The timing ratio's IQR ({iqr[0]:.3f}-{iqr[1]:.3f}) spans 1.0: "
+            f"{budget['mechanism']}'s step cannot be told apart from {budget['baseline']}'s in "
+            f"time, so `{name}` cannot be told apart from the equal-iteration "
+            f"{budget['baseline']} arm."
+        )
+    else:
+        lines.append(f"The timing ratio's IQR ({iqr[0]:.3f}-{iqr[1]:.3f}) excludes 1.0.")
+    return [*lines, ""]
+
+
+def _interval(pair: list[Any] | None, fmt: str, unit: str = "") -> str:
+    """A [low, high] interval as "low – high" and its unit ("–" without one)."""
+    if not pair or not all(isinstance(x, float | int) and math.isfinite(x) for x in pair):
+        return "–"
+    return f"{pair[0]:{fmt}} – {pair[1]:{fmt}}{unit}"
 
 
 def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
@@ -137,17 +192,69 @@ def _comparison_table(comparisons: list[dict[str, Any]]) -> list[str]:
             f"{c['variant']} vs {c['baseline']}",
             str(c["n"]),
             num(c["mean_diff"], "+.4f"),
+            _interval(c.get("ci95"), "+.4f"),
+            _interval(c.get("bootstrap_ci95"), "+.4f"),
             num(c["ppl_change_pct"], "+.2f") + " %",
+            _interval(c.get("ppl_ci95_pct"), "+.2f", " %"),
             f"{num(c['t'], '.2f')} ({c['df']})",
+            num(c.get("reference_t"), ".2f"),
             p_cell(c),
             p_value(c["p_holm"]),
             c["wins"],
+            num(c.get("mde"), ".4f"),
         ]
         for c in comparisons
     ]
-    return md_table(
-        ["comparison", "n", "mean diff", "ppl change", "t (df)", "p", "p Holm", "wins"], rows
+    header = ["comparison", "n", "mean diff", "95 % CI (t)", "95 % CI (bootstrap)"]
+    header += ["ppl change", "ppl 95 % CI", "t (df)", "seed's t", "p", "p Holm", "wins"]
+    return md_table([*header, "MDE (80 %)"], rows)
+
+
+def verdict(c: dict[str, Any]) -> str:
+    """One comparison's verdict at p < 0.05, with what its seeds could see: an inconclusive
+    one always says which effect they could detect and how many seeds the seed's claim needs."""
+    what = f"{c['variant']} vs {c['baseline']}"
+    n, p = c["n"], c.get("p")
+    if c.get("no_spread"):
+        return (
+            f"**{what}: no test.** Every seed differs by the same {num(c['mean_diff'], '+.4f')}, "
+            "which a t-test cannot weigh."
+        )
+    if p is None or not math.isfinite(p):
+        return f"**{what}: no test.** {n} finished pair(s); a paired t-test needs two."
+    ours = f"t({c['df']}) = {c['t']:.2f}, p = {p_value(p)}"
+    if c.get("reference_t") is not None:
+        ours += f"; the seed's t = {c['reference_t']:.2f}"
+    if p < ALPHA:
+        side = "lower" if c["mean_diff"] < 0 else "higher"
+        held = (
+            "" if c["p_holm"] < ALPHA else f" (not after Holm's correction: {p_value(c['p_holm'])})"
+        )
+        return (
+            f"**{what}: {c['variant']} {side}** by {c['mean_diff']:+.4f} "
+            f"(95 % CI {_interval(c['ci95'], '+.4f')}; {ours}){held}."
+        )
+    sees = (
+        f"At the observed spread (sd of the per-seed differences {c['sd_diff']:.4f}) {n} seeds "
+        f"detect a difference of ±{c['mde']:.4f} at {100 * POWER:.0f} % power (paired t, "
+        f"two-sided, α = {ALPHA})"
     )
+    claim, needed = c.get("claimed_diff"), c.get("seeds_for_claim")
+    if claim is None:
+        claimed = (
+            "; the seed gives no values for both arms, so there is no claimed effect to size "
+            "seeds for."
+        )
+    elif needed is None:
+        claimed = f"; not even {MAX_SEEDS:,} seeds would detect the seed's claimed {claim:+.4f}."
+    elif needed <= n:
+        claimed = (
+            f"; {needed} would already detect the seed's claimed {claim:+.4f}, so these {n} "
+            "seeds do not bear that claim out."
+        )
+    else:
+        claimed = f"; detecting the seed's claimed {claim:+.4f} would take {needed} seeds."
+    return f"**{what}: inconclusive** ({ours}). {sees}{claimed}"
 
 
 def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

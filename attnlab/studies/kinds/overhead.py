@@ -13,6 +13,7 @@ from attnlab.studies.output import figure_link
 from attnlab.studies.spec import StudySpec
 
 FIGURE = "overhead.png"
+_MEASURED = ("overhead", "overhead_table", "unavailable")  # study.json's own fields
 
 
 def _options(spec: StudySpec, preset: str) -> dict[str, Any]:
@@ -40,6 +41,10 @@ class Overhead:
             "unavailable": missing,
         }
         return Outcome(extra=extra)
+
+    def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
+        """The measurement as recorded: there are no statistics to compute again."""
+        return Outcome(extra={k: record[k] for k in _MEASURED})
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         lines = [

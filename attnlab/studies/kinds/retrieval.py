@@ -76,6 +76,10 @@ class Retrieval:
         )
         return outcome()
 
+    def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
+        """The comparisons again from the recorded per-seed scores of every cell."""
+        return Outcome(extra={"tables": with_comparisons(record.get("tables", []))})
+
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         return retrieval_report.sections(study, record)
 
