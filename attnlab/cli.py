@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from attnlab import commands
+from attnlab.config import repeated_override
 from attnlab.errors import AttnlabError
 from attnlab.rundir import checkpoint_problem
 
@@ -146,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         config_flags_as_overrides(parser, args, extra)
     name = " ".join(command_path(args))
-    problem = path_problem(parser, args)
+    dest = getattr(args, "overrides_in", None)  # the key=value pairs, where a command takes them
+    problem = path_problem(parser, args) or (
+        repeated_override(getattr(args, dest)) if dest else None
+    )
     if problem is not None:
         print(f"attnlab {name}: error: {problem}", file=sys.stderr)
         return 2

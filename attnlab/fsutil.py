@@ -5,6 +5,10 @@ Every command with an output folder (``--out``) follows one rule, implemented he
 - a missing or empty folder is simply written;
 - a non-empty folder that is not the command's own kind of output (``is_own``) is refused in one
   line naming the folder and ``--overwrite``, unless ``overwrite`` is set;
+- every folder written here records, last, its kind and its entries (the manifest,
+  ``.attnlab-manifest.json``): its own kind of output is replaced only if it holds nothing
+  else (a README, notes/, a run put there), or that is refused in one line naming them; and no
+  ``--out`` may lie inside such a folder, whose next replacement would take it along;
 - a replacement is written completely into a hidden sibling folder first and only then swapped
   in (old folder renamed aside, new one renamed into place, old one deleted), so a failure at
   any moment (disk full, Ctrl-C, a bug) leaves the previous output whole; should the process
@@ -34,6 +38,23 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
+
+
+def check_name_lengths(out: Path, flag: str = "--out") -> None:
+    """Refuse a path with a name longer than its file system takes (NAME_MAX, usually 255
+    bytes), before anything is written: it failed mid-command with ENAMETOOLONG."""
+    absolute = Path(os.path.abspath(out))
+    folder = next(p for p in absolute.parents if os.path.isdir(p))  # the root always is
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no such limit
+        return
+    sizes = [len(os.fsencode(part)) for part in absolute.parts]
+    if max(sizes) > limit:
+        raise AttnlabError(
+            f"{flag} {out}: a name of {max(sizes)} bytes, more than the {limit} its file system "
+            f"allows; choose a shorter {flag}"
+        )
 
 
 def check_out_path(out: Path, flag: str = "--out") -> bool:
@@ -66,9 +87,10 @@ def check_writable(path: Path, flag: str = "--out") -> None:
 
 
 def holds_only(folder: Path, names: Iterable[str]) -> bool:
-    """Whether every entry of ``folder`` is a file named in ``names`` (what a writer may replace:
-    a README, a subfolder or anything else a user put beside its files is not its to delete)."""
-    allowed = set(names)
+    """Whether every entry of ``folder`` is a file named in ``names`` or the manifest (what a
+    writer may replace: a README, a subfolder or anything else a user put beside its files is
+    not its to delete)."""
+    allowed = {*names, MANIFEST}
     return all(p.name in allowed and p.is_file() and not p.is_symlink() for p in folder.iterdir())
 
 
@@ -96,6 +118,70 @@ def refuse_source_inside(out: Path, sources: Iterable[str | Path], flag: str = "
                 )
 
 
+# what replace_folder wrote into a folder: {"kind": its ``what``, "entries": [top-level names]}
+MANIFEST = ".attnlab-manifest.json"
+SHOWN = 5  # entries a refusal names before "and N more"
+
+
+def write_manifest(folder: Path, what: str) -> None:
+    """Record the kind and the entries of ``folder`` (written last: the entries are complete)."""
+    entries = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
+    write_json(folder / MANIFEST, {"kind": what, "entries": entries})
+
+
+def _parse_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest at ``path`` if it is one (a kind and a list of names), else None."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    valid = (
+        isinstance(data, dict)
+        and isinstance(data.get("kind"), str)
+        and isinstance(data.get("entries"), list)
+        and all(isinstance(e, str) for e in data["entries"])
+    )
+    return data if valid else None
+
+
+def read_manifest(folder: Path, flag: str = "--out") -> dict[str, Any] | None:
+    """``folder``'s manifest, or None if it has none; a damaged one is refused in one line (it
+    alone says what in the folder attnlab may delete)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    data = _parse_manifest(path)
+    if data is None:
+        raise AttnlabError(
+            f"{path} is damaged, so what attnlab wrote in {folder} is unknown; pass --overwrite "
+            f"to replace the folder whole, or choose another {flag}"
+        )
+    return data
+
+
+def _listing(paths: list[Path]) -> str:
+    """``README.md, notes/, thesis.txt`` (folders with a slash), at most SHOWN of them."""
+    names = [f"{p.name}/" if p.is_dir() and not p.is_symlink() else p.name for p in paths]
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def refuse_nested(out: Path, flag: str = "--out") -> None:
+    """Refuse an ``out`` inside a folder replace_folder wrote (a data or model folder): that
+    folder's next replacement would delete it, and its manifest does not list it."""
+    out = out.expanduser()
+    for path in dict.fromkeys((Path(os.path.abspath(out)), Path(os.path.realpath(out)))):
+        for folder in path.parents:
+            if (folder / MANIFEST).is_file():
+                manifest = _parse_manifest(folder / MANIFEST)
+                kind = manifest["kind"] if manifest is not None else "folder"
+                shown = folder if out.is_absolute() else os.path.relpath(folder)  # as given
+                raise AttnlabError(
+                    f"{flag} {out} is inside {shown}, a {kind} that attnlab replaces whole; "
+                    f"choose another {flag}"
+                )
+
+
 def refuse_foreign(
     out: Path,
     what: str,
@@ -106,17 +192,36 @@ def refuse_foreign(
 ) -> bool:
     """Raise unless ``out`` may be (re)written; return True when it holds something to replace.
 
-    ``is_own(out)`` says whether a non-empty ``out`` is this command's own kind of output, which
-    it may replace without ``--overwrite``; None means every non-empty folder needs it. ``out``
-    may never be or contain one of ``sources`` (refuse_source_inside). An ``out`` that a killed
-    process left mid-swap is first restored (``restore_interrupted_swap``).
+    A non-empty ``out`` is this command's own output, which it may replace without
+    ``--overwrite``, if its manifest is of kind ``what`` and lists everything it holds (else the
+    rest is named in the refusal) and ``is_own(out)`` (its content is of that kind; None: no
+    check); without a manifest (written before manifests, or not by attnlab) ``is_own(out)``
+    alone decides (None: never). ``out`` may never be or contain one of ``sources``
+    (refuse_source_inside), nor lie inside a folder with a manifest (refuse_nested). An ``out``
+    that a killed process left mid-swap is first restored (``restore_interrupted_swap``).
     """
+    check_name_lengths(out, flag)
     restore_interrupted_swap(out)
     full = check_out_path(out, flag)
     refuse_source_inside(out, sources, flag)
-    if not full or overwrite or (is_own is not None and is_own(out)):
+    refuse_nested(out, flag)
+    if not full or overwrite:
         return out.exists()
-    kind = f" and is not a {what}" if is_own is not None else ""
+    manifest = read_manifest(out, flag)
+    if manifest is not None and manifest["kind"] == what:
+        listed = {*manifest["entries"], MANIFEST}
+        extra = sorted(p for p in out.iterdir() if p.name not in listed)
+        if extra:
+            raise AttnlabError(
+                f"{out} holds {_listing(extra)}, which attnlab did not write there; move them "
+                f"out, or pass --overwrite to delete them with the {what}"
+            )
+    # of this kind by its manifest (or, without one, by is_own), and what it holds still is
+    # (is_own: a copied manifest proves nothing about files edited since)
+    own_kind = manifest["kind"] == what if manifest is not None else is_own is not None
+    if own_kind and (is_own is None or is_own(out)):
+        return True
+    kind = f" and is not a {what}" if is_own is not None or manifest is not None else ""
     raise AttnlabError(
         f"{out} is not empty{kind}; pass --overwrite to replace it, or choose another {flag}"
     )
@@ -127,6 +232,16 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the file system of ``path`` has no space left: what tells a failed write there
+    that does not say ENOSPC (numpy's "720002 requested and 524288 written", torch's
+    "unexpected pos") from other failures."""
+    try:
+        return shutil.disk_usage(path).free == 0
+    except OSError:
+        return False
 
 
 def no_space_message(path: Path | str) -> str:
@@ -222,7 +337,7 @@ def restore_interrupted_swap(out: Path) -> None:
     makes the next command see ``out`` as it was (and refuse or replace it by the usual rules).
     With several such asides the most recently renamed one is ``out``'s last content.
     """
-    if out.exists() or out.is_symlink():
+    if os.path.lexists(out):  # there, or a link; never raises (a name too long: checked next)
         return
     olds = _dead_siblings(out, "old")
     if olds:
@@ -237,12 +352,14 @@ def replace_folder(
     is_own: Callable[[Path], bool] | None = None,
     flag: str = "--out",
     sources: Iterable[str | Path] = (),
+    manifest: bool = True,
 ) -> Iterator[Path]:
     """Yield an empty temporary sibling of ``out`` to write into; swap it in when the block ends.
 
     Checks first (see ``refuse_foreign``), so nothing is written when ``out`` must be refused.
     If the block raises (or is interrupted) the temporary folder is removed and ``out`` is as it
-    was; a full disk becomes one AttnlabError saying so.
+    was; a full disk becomes one AttnlabError saying so. ``manifest=False`` writes none: a
+    folder that changes after it is written (a run: resumes, analyses) would outgrow its list.
     """
     out = Path(out).expanduser()
     if out.name in ("", ".."):  # "", "." or "..": a swap renames the folder, not the working one
@@ -253,6 +370,8 @@ def replace_folder(
             f"{out} is a symlink to {os.readlink(out)}; give that folder as {flag} instead"
         )
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    # the folders above ``out`` this creates, deepest first: removed again if nothing comes
+    created = [p for p in out.absolute().parents if not os.path.lexists(p)]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out)
@@ -264,11 +383,20 @@ def replace_folder(
         raise AttnlabError(f"cannot write {out} ({e.strerror}); choose another {flag}") from None
     try:
         yield tmp
+        if manifest:
+            write_manifest(tmp, what)
         fsync_tree(tmp)
         swap_in(tmp, out)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
+    except Exception as e:
+        # torch.save says "unexpected pos" (a RuntimeError), numpy an errno-less OSError: on a
+        # full file system a writer's failure is that
+        if not isinstance(e, AttnlabError) and (
+            getattr(e, "errno", None) == errno.ENOSPC or disk_full(tmp)
+        ):
             raise AttnlabError(no_space_message(out)) from e
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op once swapped in
+        for folder in created:
+            with contextlib.suppress(OSError):  # not empty: ``out`` is in it now
+                folder.rmdir()

@@ -72,9 +72,15 @@ class RunLock:
         """Take the lock (creating the folder), or raise naming the process that holds it."""
         if self.held or fcntl is None:
             return
-        if not self.run_dir.is_dir():
-            self.run_dir.mkdir(parents=True)
-        f = self.path.open("a+")
+        try:
+            if not self.run_dir.is_dir():
+                self.run_dir.mkdir(parents=True)
+            f = self.path.open("a+")
+        except OSError as e:  # a read-only mount, a file where the folder should be
+            raise AttnlabError(
+                f"cannot write {self.run_dir} ({e.strerror}), where a {self.user} writes; make "
+                "it writable, or copy it somewhere that is and use the copy"
+            ) from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -155,6 +161,19 @@ class RunDir:
             return False
         return any(p.name not in (LOCK_FILE, SFT_DATA) for p in self.path.iterdir())
 
+    def refuse_misshapen(self, tensorboard: bool) -> None:
+        """Refuse, before a resume changes anything, a run whose logs are not what a trainer
+        writes into: a file where ``tb/`` (with ``tensorboard``) or ``best/`` goes, a folder
+        where metrics.csv, summary.json or env.json goes."""
+        folders = [self.best, *([self.tensorboard] if tensorboard else [])]
+        for path in [self.metrics, self.summary, self.env, *folders]:
+            want = "folder" if path in folders else "file"
+            if path.exists() and path.is_dir() != (want == "folder"):
+                hint = ", or resume with tensorboard=false" if path == self.tensorboard else ""
+                raise AttnlabError(
+                    f"cannot resume {self.path}: {path} is not a {want}; move it away{hint}"
+                )
+
     def is_sft(self) -> bool:
         """True for a fine-tuning run (its own sft_data/ with sft.json)."""
         return (self.sft_data / SFT_FILE).is_file()
@@ -205,6 +224,14 @@ class RunDir:
         resumes = recorded.get("resumes")
         resumes = resumes if isinstance(resumes, list) else []
         write_json(self.env, {**recorded, "resumes": [*resumes, {"iter": at_iter, **env}]})
+
+    def read_env(self) -> dict[str, Any] | None:
+        """env.json, or None if there is none (yet) or it cannot be read."""
+        try:
+            env = json.loads(self.env.read_text())
+        except (OSError, ValueError):
+            return None
+        return env if isinstance(env, dict) else None
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json, or None if there is none (yet) or it cannot be read."""

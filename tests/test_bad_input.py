@@ -21,6 +21,12 @@ TINY = ["block_size=32", "n_layer=2", "n_head=4", "n_embd=32", "max_iters=2", "e
         "batch_size=4", "device=cpu", "tensorboard=false"]  # fmt: skip
 
 
+def tiny(*overrides: str) -> list[str]:
+    """TINY with ``overrides`` in place of its own values (a key given twice is refused)."""
+    keys = {pair.partition("=")[0] for pair in overrides}
+    return [pair for pair in TINY if pair.partition("=")[0] not in keys] + list(overrides)
+
+
 @pytest.fixture
 def attnlab(capsys: pytest.CaptureFixture):
     """``attnlab(*args)``: the CLI's main run in this process, as a CompletedProcess."""
@@ -323,8 +329,7 @@ def test_data_shorter_than_a_block(attnlab, short_data: Path, tmp_path: Path, bl
         str(short_data),
         "--out",
         str(tmp_path / "run"),
-        *TINY,
-        f"block_size={block}",
+        *tiny(f"block_size={block}"),
     )
     assert error_line(p, "train") == (
         f"{short_data / f'{split}.bin'}: {n} tokens, too few for block_size={block} "
@@ -426,8 +431,8 @@ def test_a_model_too_large_for_memory_is_refused_before_allocating(
     params = _tiny_params(n_layer, vocab)
     # weights, gradients and two AdamW moments, plus activations of 4 x 32 positions
     need = 4 * (4 * params + 4 * 32 * (n_layer * (2 * 32 + 128) + 2 * vocab))
-    p = attnlab("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), *TINY,
-                f"n_layer={n_layer}")  # fmt: skip
+    p = attnlab("train", "--data", str(tiny_data), "--out", str(tmp_path / "run"),
+                *tiny(f"n_layer={n_layer}"))  # fmt: skip
     assert error_line(p, "train") == "the model " + _needs(
         params, need / 2**30, "to train with batch_size=4", True
     )
@@ -465,7 +470,7 @@ def test_sample_info_and_import_refuse_a_model_too_large_for_memory(
 
 
 DEVICE_COMMANDS = {
-    "train": lambda m, d, o, dev: ["train", "--data", d, "--out", o, *TINY, f"device={dev}"],
+    "train": lambda m, d, o, dev: ["train", "--data", d, "--out", o, *tiny(f"device={dev}")],
     "sft": lambda m, d, o, dev: ["sft", m, "--out", o, "max_iters=1", f"device={dev}"],
     "sample": lambda m, d, o, dev: ["sample", m, "--device", dev, "--max-new-tokens", "1"],
     "eval": lambda m, d, o, dev: ["eval", m, "--data", d, "--device", dev],
@@ -1400,7 +1405,7 @@ def test_a_resume_that_would_contradict_the_run_is_refused(
     from test_folder_safety import snapshot
 
     run = tmp_path / "run"
-    p = attnlab("train", "--data", str(tiny_data), "--out", str(run), *TINY, "max_iters=4")
+    p = attnlab("train", "--data", str(tiny_data), "--out", str(run), *tiny("max_iters=4"))
     assert p.returncode == 0, p.stderr
     if damage == "metrics-not-text":
         (run / "metrics.csv").write_bytes(b"garbage\x00\xff\n")

@@ -39,7 +39,8 @@ def test_one_round_is_plain_attention_exactly() -> None:
     torch.manual_seed(0)
     plain = GPT(tiny_model())
     torch.manual_seed(0)
-    one = GPT(tiny_model(boost_rounds=1, boost_gate="mlp", boost_kv_source="input"))
+    # (a gate or K/V source beside boost_rounds=1 is refused: tests/test_reliability3.py)
+    one = GPT(tiny_model(boost_rounds=1))
     assert plain.state_dict().keys() == one.state_dict().keys()
     assert all(
         torch.equal(a, b)

@@ -14,7 +14,7 @@ from test_bad_input import attnlab, error_line  # noqa: F401  (attnlab: a fixtur
 from test_untrusted import model_dir  # noqa: F401  (a fixture)
 
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import replace_folder
+from attnlab.fsutil import MANIFEST, replace_folder
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -43,8 +43,13 @@ def test_replace_folder_writes_a_new_folder(tmp_path: Path):
     out = tmp_path / "new" / "out"
     with replace_folder(out, "thing") as tmp:
         (tmp / "a.txt").write_text("a")
-    assert snapshot(out) == snapshot_of({"a.txt": "a"}, tmp_path)
+    assert snapshot(out) == snapshot_of({"a.txt": "a", **manifest("thing", "a.txt")}, tmp_path)
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+def manifest(kind: str, *entries: str) -> dict[str, str]:
+    """The manifest replace_folder writes last: the folder's kind and entries."""
+    return {MANIFEST: json.dumps({"kind": kind, "entries": list(entries)}, indent=2)}
 
 
 def snapshot_of(files: dict[str, str], tmp_path: Path) -> dict[str, str]:
@@ -166,7 +171,8 @@ def test_overwrite_swaps_the_new_folder_in(tmp_path: Path):
     out = _thesis(tmp_path)
     with replace_folder(out, "thing", overwrite=True) as tmp:
         (tmp / "config.json").write_text('{"new": 1}')
-    assert snapshot(out) == snapshot_of({"config.json": '{"new": 1}'}, tmp_path)
+    expected = {"config.json": '{"new": 1}', **manifest("thing", "config.json")}
+    assert snapshot(out) == snapshot_of(expected, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "reference"]
 
 
@@ -306,14 +312,14 @@ def test_prepare_on_a_full_disk_keeps_the_previous_data(
         attnlab("prepare", "--corpus", str(tmp_path / "a.txt"), "--out", str(out)).returncode == 0
     )
     before = snapshot(tmp_path)
-    real = prepare.write_tokens
 
-    def fills_up(path, *args, **kwargs):
-        if path.name == "val.bin":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(path, *args, **kwargs)
+    class FillsUp(prepare.TokenWriter):
+        def write(self, ids) -> None:
+            if self.path.name == "val.bin":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+            super().write(ids)
 
-    monkeypatch.setattr(prepare, "write_tokens", fills_up)
+    monkeypatch.setattr(prepare, "TokenWriter", FillsUp)
     p = attnlab(
         "prepare", "--corpus", str(tmp_path / "a.txt"), "--out", str(out), "--val-fraction", "0.2"
     )
@@ -446,7 +452,7 @@ def test_demo_overwrite_never_deletes_the_data_it_trains_on(
     from attnlab.data.prepare import default_data_dir
 
     monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path / "home"))
-    data = default_data_dir("char")
+    data = default_data_dir("char", corpus="shakespeare_char")  # the default preset's data
     data.mkdir(parents=True)
     (data / "meta.json").write_text("{}")
     before = snapshot(tmp_path)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import CHOICES, ModelConfig
+from attnlab.config import CHOICES, ROPE_THETA, ModelConfig
 from attnlab.data.bins import BatchSampler
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
@@ -29,6 +29,8 @@ def valid_model_configs(draw) -> dict:
     head_dim = draw(st.integers(1, 8)) * (2 if pos == "rope" else 1)
     kv_divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
     use_m_gate = draw(st.booleans())
+    # fields that act only with another one are drawn only with it (alone they are refused)
+    value_gate, rounds = draw(st.booleans()), draw(st.integers(1, 4))
     return dict(
         block_size=draw(st.integers(1, 4096)), vocab_size=draw(st.integers(1, 70000)),
         n_layer=draw(st.integers(1, 48)), n_head=n_head, n_embd=n_head * head_dim,
@@ -36,18 +38,22 @@ def valid_model_configs(draw) -> dict:
         norm=draw(st.sampled_from(CHOICES["norm"])),
         norm_eps=draw(st.none() | st.floats(1e-8, 1e-2)),
         norm_placement=draw(st.sampled_from(CHOICES["norm_placement"])), pos=pos,
-        rope_theta=draw(st.floats(1.0, 1e6)), mlp=draw(st.sampled_from(CHOICES["mlp"])),
+        rope_theta=draw(st.floats(1.0, 1e6)) if pos == "rope" else ROPE_THETA,
+        mlp=draw(st.sampled_from(CHOICES["mlp"])),
         d_ffn=draw(st.none() | st.integers(1, 2048)),
         ffn_sublayers=draw(st.sampled_from(CHOICES["ffn_sublayers"])),
         n_kv_head=draw(st.none() | st.sampled_from(kv_divisors)),
         tie_embeddings=draw(st.booleans()), use_m_gate=use_m_gate,
         m_gate_detached=use_m_gate and draw(st.booleans()),
         m_inject=draw(st.sampled_from(MECHANISM_CHOICES["m_inject"])) if use_m_gate else "kv",
-        value_gate=draw(st.booleans()),
-        value_gate_init=draw(st.sampled_from(MECHANISM_CHOICES["value_gate_init"])),
-        boost_rounds=draw(st.integers(1, 4)),
-        boost_gate=draw(st.sampled_from(MECHANISM_CHOICES["boost_gate"])),
-        boost_kv_source=draw(st.sampled_from(MECHANISM_CHOICES["boost_kv_source"])),
+        value_gate=value_gate,
+        value_gate_init=draw(st.sampled_from(MECHANISM_CHOICES["value_gate_init"]))
+        if value_gate else "normal",
+        boost_rounds=rounds,
+        boost_gate=draw(st.sampled_from(MECHANISM_CHOICES["boost_gate"])) if rounds > 1
+        else "linear",
+        boost_kv_source=draw(st.sampled_from(MECHANISM_CHOICES["boost_kv_source"]))
+        if rounds > 1 else "residual",
         twicing=draw(st.booleans()),
     )  # fmt: skip
 

@@ -17,6 +17,9 @@ from attnlab.analysis.inputs import Inputs, captured, rounds_of, write_csv
 from attnlab.errors import AttnlabError
 from attnlab.plotting import pyplot, save_figure
 
+# what it writes into its folder, checked before the work (inputs.check_analysis_out)
+FILES = ("attention.csv", "attention.png")
+
 
 def token_losses(
     model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
@@ -176,7 +179,7 @@ def analyze(
             for name, w in weights.items()
             for j, c in enumerate(context)
         ]
-    csv_path = write_csv(out / "attention.csv", rows)
+    csv_path = write_csv(out / FILES[0], rows)
     run = inputs.name + (f" vs {baseline_name} (standard)" if baseline is not None else "")
-    plot(panels, out / "attention.png", f"{run}, layer {layer}")
-    return panels, csv_path, out / "attention.png"
+    plot(panels, out / FILES[1], f"{run}, layer {layer}")
+    return panels, csv_path, out / FILES[1]

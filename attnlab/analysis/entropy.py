@@ -12,6 +12,9 @@ from attnlab.analysis.inputs import Inputs, captured, rounds_of, write_csv
 from attnlab.model.mechanisms.boosted import attention_entropy
 from attnlab.plotting import pyplot, save_figure
 
+# what it writes into its folder, checked before the work (inputs.check_analysis_out)
+FILES = ("entropy.csv", "entropy.png")
+
 
 def entropies(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
     """Entropy of every attention row: [rounds, L, N, H, T] (nats; row t is at most log(t + 1))."""
@@ -113,7 +116,7 @@ def analyze(
     """Entropies written to ``out``/entropy.csv and entropy.png: (summary rows, csv, png)."""
     found = sources(inputs, baseline)
     rows = summary_rows(found)
-    csv_path = write_csv(out / "entropy.csv", rows)
+    csv_path = write_csv(out / FILES[0], rows)
     run = inputs.name + (f" (rounds) vs {baseline_name} (standard)" if baseline is not None else "")
-    plot(found, out / "entropy.png", run)
-    return rows, csv_path, out / "entropy.png"
+    plot(found, out / FILES[1], run)
+    return rows, csv_path, out / FILES[1]

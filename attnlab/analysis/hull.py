@@ -43,6 +43,9 @@ CERT_TOL = 1e-7
 # below this a distance is solver round-off: the output lies in the hull
 INSIDE_TOL = 1e-6
 
+# what it writes into its folder, checked before the work (inputs.check_analysis_out)
+FILES = ("hull.csv", "hull.png")
+
 
 def hull_distance(points: np.ndarray, y: np.ndarray) -> float:
     """Euclidean distance from ``y`` [d] to the convex hull of ``points`` [n, d]."""
@@ -177,6 +180,6 @@ def analyze(
     """Distances at ``positions`` evenly spaced positions per window, written to ``out``/hull.csv
     and hull.png: (rows, csv, png)."""
     rows = measure(inputs, positions, progress)
-    csv_path = write_csv(out / "hull.csv", rows)
-    plot(rows, out / "hull.png", inputs.name)
-    return rows, csv_path, out / "hull.png"
+    csv_path = write_csv(out / FILES[0], rows)
+    plot(rows, out / FILES[1], inputs.name)
+    return rows, csv_path, out / FILES[1]

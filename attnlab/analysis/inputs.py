@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
+from attnlab.plotting import check_figure_out
 from attnlab.rundir import is_run_folder, run_data_dir
 from attnlab.train.checkpoint import load_pretrained
 
@@ -132,12 +133,36 @@ def terminal_bar(total: int, desc: str, unit: str, show: bool) -> tqdm:
     )
 
 
-# the file that marks a folder as analyses' output, which later analyses may write into again
+# the file that marks a folder as analyses' output, which later analyses may write into again;
+# it lists, one a line, the files they wrote there: the only ones a later analysis replaces
 ANALYSIS_MARK = ".attnlab-analysis"
 
 
 def is_analysis_folder(folder: Path) -> bool:
     return (folder / ANALYSIS_MARK).is_file()
+
+
+def analysis_files(folder: Path) -> set[str]:
+    """The names of the files analyses wrote into ``folder`` (none: no mark, or unreadable)."""
+    try:
+        return set((folder / ANALYSIS_MARK).read_text(encoding="utf-8").splitlines())
+    except (OSError, UnicodeDecodeError):
+        return set()
+
+
+def check_analysis_out(out: Path, names: Sequence[str]) -> None:
+    """Refuse, before the work, to write ``names`` into ``out`` where one of them is a file no
+    analysis wrote (a CSV not in the mark's list, a PNG without save_figure's mark)."""
+    written = analysis_files(out)
+    for name in names:
+        path = out / name
+        if path.suffix == ".png":
+            check_figure_out(path)
+        elif (path.exists() or path.is_symlink()) and name not in written:
+            raise AttnlabError(
+                f"{path} exists and was not written by an attnlab analysis; choose another "
+                "--out or move it"
+            )
 
 
 def default_analysis_dir(run: str | Path, name: str = "RUN") -> Path:
@@ -159,8 +184,9 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], mark: bool = True) -> 
     """Rows of one shape to CSV (columns in the first row's order; no rows: an empty file);
     ``mark`` marks the folder as an analysis folder (see ANALYSIS_MARK)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if mark:
-        (path.parent / ANALYSIS_MARK).touch()
+    if mark and path.name not in analysis_files(path.parent):
+        with (path.parent / ANALYSIS_MARK).open("a", encoding="utf-8") as f:
+            f.write(f"{path.name}\n")
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
         if rows:

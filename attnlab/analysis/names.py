@@ -50,6 +50,9 @@ _NAME_RES = {
 }
 _NOT_A_SPEAKER = re.compile(r"(?:ACT|SCENE)\b.*|[IVXLC]+")
 
+# what it writes into its folder, checked before the work (inputs.check_analysis_out)
+FILES = ("names.csv", "names_top.csv", "names.png")
+
 
 @dataclass(frozen=True)
 class Header:
@@ -275,8 +278,8 @@ def plot(report: dict[str, Any], path: str | Path) -> Any:
 def write_report(report: dict[str, Any], out: Path) -> list[Path]:
     """names.csv (per run), names_top.csv (most common names) and names.png in ``out``."""
     written = [
-        write_csv(out / "names.csv", summary_rows(report)),
-        write_csv(out / "names_top.csv", name_rows(report)),
+        write_csv(out / FILES[0], summary_rows(report)),
+        write_csv(out / FILES[1], name_rows(report)),
     ]
-    plot(report, out / "names.png")
-    return [*written, out / "names.png"]
+    plot(report, out / FILES[2])
+    return [*written, out / FILES[2]]

@@ -80,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # trained beside --out and swapped in at the end: a failed demo leaves the previous one
     sources = [data_folder(spec)]  # --overwrite never deletes the data it trains on
-    with replace_folder(out, "demo run", args.overwrite, is_demo_run, sources=sources) as tmp:
+    # no manifest: a run (is_demo_run says what a demo writes), which analyses add to later
+    with replace_folder(
+        out, "demo run", args.overwrite, is_demo_run, sources=sources, manifest=False
+    ) as tmp:
         train_and_sample(tmp, spec, args.preset, started)  # a trainer starts in an empty folder
         (tmp / DEMO_MARKER).write_text("written by `attnlab demo`, which may replace this folder\n")
     print(f"run folder: {out}  (try: attnlab sample {out} --prompt 'ROMEO.')")

@@ -79,7 +79,12 @@ def sample_next(
     """Next token ids [B, 1] from last-position logits [B, V]; temperature 0 means greedy."""
     if temperature <= 0.0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = filter_logits(logits / temperature, top_k, top_p)
+    scaled = logits / temperature
+    if torch.isinf(scaled).any():  # a temperature so small (1e-30) that logits overflowed: NaN
+        # probabilities; shifted by their maximum first they keep it finite, with the same
+        # distribution (only here: ordinary temperatures draw exactly as they always did)
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    logits = filter_logits(scaled, top_k, top_p)
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +41,24 @@ def add_common_args(parser: Any, sequences: int = 50) -> None:
     parser.add_argument("--device", default="cpu")
 
 
-def out_dir(args: Any) -> Path:
-    """--out, checked to be a folder or nothing yet (else RUN/analysis): call it before the
-    analysis runs, so that a file there is refused at once."""
-    from attnlab.analysis.inputs import default_analysis_dir, is_analysis_folder  # torch
+def out_dir(args: Any, files: Sequence[str]) -> Path:
+    """--out, checked to be a folder or nothing yet (else RUN/analysis), where the analysis may
+    write ``files`` (none of them one it did not write): call it before the analysis runs, so
+    that what is in the way is refused at once."""
+    from attnlab.analysis.inputs import (  # torch
+        check_analysis_out,
+        default_analysis_dir,
+        is_analysis_folder,
+    )
 
-    if not args.out:
-        return default_analysis_dir(args.run)
-
-    out = Path(args.out)
-    if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's
-        raise AttnlabError(
-            f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
-        )
+    if args.out:
+        out = Path(args.out)
+        if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's
+            raise AttnlabError(
+                f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
+            )
+    else:
+        out = default_analysis_dir(args.run)
+    check_analysis_out(out, files)
     check_writable(out)
     return out

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis.inputs import load_baseline, load_inputs
 
     tokens = positions(args.tokens)
-    out = out_dir(args)
+    out = out_dir(args, attention.FILES)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
     panels, csv_path, png = attention.analyze(

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis import entropy
     from attnlab.analysis.inputs import load_baseline, load_inputs
 
-    out = out_dir(args)
+    out = out_dir(args, entropy.FILES)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     baseline = load_baseline(args.baseline, inputs.model, args.device) if args.baseline else None
     rows, csv_path, png = entropy.analyze(inputs, out, baseline, str(args.baseline))

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis import hull
     from attnlab.analysis.inputs import load_inputs
 
-    out = out_dir(args)
+    out = out_dir(args, hull.FILES)
     inputs = load_inputs(args.run, args.data, args.sequences, args.device)
     rows, csv_path, png = hull.analyze(inputs, out, args.positions, progress=True)
     for layer, mean in hull.layer_means(rows).items():

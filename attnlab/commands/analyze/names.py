@@ -71,11 +71,11 @@ def print_report(report: dict[str, Any], labels: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.names import name_test, run_labels, write_report
+    from attnlab.analysis.names import FILES, name_test, run_labels, write_report
     from attnlab.device import resolve_device
 
     runs = [args.run] + ([args.run_b] if args.run_b else [])
-    out = out_dir(args)
+    out = out_dir(args, FILES)
     report = name_test(
         runs,
         args.samples,
