@@ -143,6 +143,11 @@ def unknown_key_message(key: str, known: list[str], where: str) -> str:
     return f"unknown {where} key {key!r}{hint}"
 
 
+# the defaults of fields that act only with another setting: any other value without it is refused
+ROPE_THETA = 10000.0  # with pos="rope"
+MAX_BAD_STEPS = 10  # with nan_policy="skip"
+
+
 @dataclass
 class ModelConfig(_Serialisable):
     """The model: nanoGPT's fields first, then components, then one group of flags per mechanism
@@ -161,7 +166,7 @@ class ModelConfig(_Serialisable):
     norm_eps: float | None = None  # None: 1e-5 for layernorm (nanoGPT), 1e-6 for rmsnorm (QKVE)
     norm_placement: str = "pre"
     pos: str = "learned"
-    rope_theta: float = 10000.0
+    rope_theta: float = ROPE_THETA
     mlp: str = "gelu"
     d_ffn: int | None = None  # None: 4 * n_embd (nanoGPT)
     ffn_sublayers: int = 1  # 2 = the QKVE seed's "deep SwiGLU": two pre-normed FFNs per block
@@ -179,6 +184,9 @@ class ModelConfig(_Serialisable):
     boost_gate: str = "linear"
     boost_kv_source: str = "residual"
     twicing: bool = False
+    # gated-attn (mechanisms/gated_attn.py; Qiu et al. 2025): sigmoid output gate before c_proj
+    attn_output_gate: bool = False
+    attn_output_gate_init: str = "normal"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -199,6 +207,10 @@ class ModelConfig(_Serialisable):
         if self.pos == "rope" and self.head_dim % 2:
             raise ConfigError(
                 f"pos='rope' needs an even head dim, got n_embd/n_head={self.head_dim}"
+            )
+        if self.pos != "rope" and self.rope_theta != ROPE_THETA:  # recorded, and did nothing
+            raise ConfigError(
+                f"rope_theta={self.rope_theta} needs pos='rope' (pos={self.pos!r} rotates nothing)"
             )
         for check in MECHANISM_CHECKS:
             check(self)
@@ -269,9 +281,10 @@ class TrainConfig(_Serialisable):
     max_seconds: float | None = None  # stop early after this much training time
     nan_policy: str = "stop"
     max_bad_steps: int = (
-        10  # with nan_policy="skip": stop after this many non-finite steps in a row
+        MAX_BAD_STEPS  # with nan_policy="skip": stop after this many non-finite steps in a row
     )
     fsdp: bool = False
+    dist_timeout: float = 600.0  # seconds; torch's default (30 min) hid a lost peer that long
     tensorboard: bool = True
     extra: dict[str, Any] = field(
         default_factory=dict
@@ -289,6 +302,7 @@ class TrainConfig(_Serialisable):
             "ckpt_interval",
             "lr_decay_iters",
             "max_seconds",
+            "dist_timeout",
         )
         self._check_positive(
             "learning_rate",
@@ -301,6 +315,11 @@ class TrainConfig(_Serialisable):
         )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
+        if self.nan_policy != "skip" and self.max_bad_steps != MAX_BAD_STEPS:
+            raise ConfigError(
+                f"max_bad_steps={self.max_bad_steps} needs nan_policy='skip' (it counts skipped "
+                f"steps; nan_policy={self.nan_policy!r} skips none)"
+            )
         check_seed("seed", self.seed)
         check_seed("eval_seed", self.eval_seed)
         for name in self.field_names():  # counts torch cannot hold (negatives are refused above)
@@ -344,14 +363,30 @@ def parse_value(text: str) -> Any:
     return text
 
 
+def override_key(pair: str) -> str:
+    """The field a `key=value` pair sets (`--max-iters=5` sets max_iters)."""
+    return pair.partition("=")[0].strip().lstrip("-").replace("-", "_")
+
+
+def repeated_override(pairs: list[str]) -> str | None:
+    """Why one command line's `key=value` ``pairs`` cannot be taken: a key set twice (the last
+    value won without a word); None if none is."""
+    first: dict[str, str] = {}
+    for pair in pairs:
+        key = override_key(pair)
+        if key in first:
+            return f"{key} is given twice ({first[key]} and {pair}); keep one"
+        first[key] = pair
+    return None
+
+
 def split_overrides(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Route `key=value` pairs to (model, train) overrides; unknown keys get a did-you-mean."""
     model_keys, train_keys = ModelConfig.field_names(), TrainConfig.field_names()
     model: dict[str, Any] = {}
     train: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_")
+        key, (_, sep, value) = override_key(pair), pair.partition("=")
         if not sep:
             raise AttnlabError(f"override {pair!r} must look like key=value")
         if key in model_keys:

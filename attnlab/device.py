@@ -50,10 +50,30 @@ def resolve_device(name: str) -> torch.device:
 
 
 def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA when supported ("auto"); full precision elsewhere."""
+    """ "auto": bf16 autocast on a CUDA GPU that computes bf16 natively (Ampere and later), fp16
+    (with the trainer's GradScaler) on older GPUs, whose bf16 is emulated and slower than fp32
+    (T4, V100); float32 on CPU and MPS. Otherwise the dtype named."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+        if device.type != "cuda":
+            return None
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.bfloat16 if native else torch.float16
     return None if name == "float32" else getattr(torch, name)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the kernels queued on ``device`` (a no-op on CPU): before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak on CUDA (a study worker trains many runs in one process); the CPU's
+    peak resident set size cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -1,7 +1,9 @@
-"""One line of meaning for every ModelConfig / TrainConfig field, and the names other tools use.
+"""One line of meaning for every backbone ModelConfig and every TrainConfig field, and the names
+other tools use.
 
-`attnlab presets --fields` prints these beside each field's type and default; a test keeps the
-table in step with the dataclasses. ALIASES maps spellings from nanoGPT's neighbours (litgpt,
+`attnlab presets --fields` prints these beside each field's type and default; a mechanism's own
+fields are described in its SPEC (attnlab.model.mechanisms), and a test keeps the two tables and
+the SPECs in step with the dataclasses. ALIASES maps spellings from nanoGPT's neighbours (litgpt,
 transformers, Lightning) to ours, for the did-you-mean of an unknown key.
 """
 
@@ -25,20 +27,12 @@ MODEL_HELP: dict[str, str] = {
     "ffn_sublayers": "feed-forward sub-layers per block (2: the QKVE seed's deep SwiGLU)",
     "n_kv_head": "key/value heads (null: n_head; fewer = grouped-query attention)",
     "tie_embeddings": "share the token embedding with the output projection",
-    "use_m_gate": "K/V-bias purpose state: a per-token state M that biases keys and values",
-    "m_gate_detached": "stop gradients flowing into M through the K/V bias",
-    "m_inject": "where M enters: kv (the seed's), output_mul or mlp_input (its failed attempts)",
-    "value_gate": "QKVE value gate: V * (1 + tanh(x W_E))",
-    "value_gate_init": "value-gate W_E init: normal, or zero (exact pass-through at start)",
-    "boost_rounds": "gradient-boosted attention rounds (1 = ordinary attention)",
-    "boost_gate": "gate on each boosting correction",
-    "boost_kv_source": "K and V of extra rounds from the residual x - F or from the input x",
-    "twicing": "Twicing attention: (2A - A^2) V instead of A V",
 }
 
 TRAIN_HELP: dict[str, str] = {
     "max_iters": "optimizer steps to train",
-    "batch_size": "sequences per micro-batch (per process under DDP)",
+    "batch_size": "sequences per micro-batch, global: under torchrun each rank runs "
+    "batch_size / world_size of them",
     "gradient_accumulation_steps": "micro-batches per optimizer step",
     "learning_rate": "peak learning rate (AdamW)",
     "min_lr": "learning rate at the end of the cosine decay",
@@ -56,13 +50,16 @@ TRAIN_HELP: dict[str, str] = {
     "seed": "seed of the model init and the training batches",
     "eval_seed": "seed of the fixed validation batches",
     "device": "auto (cuda, then mps, then cpu), or a torch device name",
-    "dtype": "autocast precision (auto: bfloat16 on CUDA when supported, else float32)",
+    "dtype": "autocast precision (auto: bfloat16 on a GPU with native bf16, float16 with a loss "
+    "scaler on older GPUs, float32 on CPU and MPS)",
     "compile": "torch.compile the model before training",
     "max_seconds": "stop after this many seconds of training (null: no limit)",
     "nan_policy": "on a non-finite loss or gradient: stop, or skip the step (under float16 "
     "an overflowing gradient is the loss scaler's to skip)",
     "max_bad_steps": "with nan_policy=skip: stop after this many bad steps in a row",
     "fsdp": "shard parameters with FSDP under torchrun (else DDP)",
+    "dist_timeout": "seconds a rank waits for its peers in a collective under torchrun before "
+    "it stops the run (a hung or lost peer)",
     "tensorboard": "also write TensorBoard scalars to RUN/tb",
     "extra": "free-form notes stored with the run (e.g. a study's variant name)",
 }

@@ -313,3 +313,92 @@ def test_ctrl_c_under_torchrun_saves_where_the_ranks_stopped(tiny_data: Path, tm
     # said once, by rank 0 (counted as text: see test_every_rank_stops_on_rank_0s_refusal)
     assert err.count("interrupted at iter") == 1
     assert f"{said}attnlab train --resume {run}" in err
+
+
+@pytest.mark.parametrize(
+    "fsdp", [pytest.param(False, id="ddp"), pytest.param(True, id="fsdp", marks=pytest.mark.slow)]
+)
+def test_kv_bias_under_torchrun_matches_one_process(
+    tiny_data: Path, train_tiny, tmp_path: Path, fsdp: bool
+) -> None:
+    """`torchrun -m attnlab train ... use_m_gate=true` died at its second step: DDP waited for the
+    last block's W_gm, whose M no block reads (under FSDP, AdamW decayed it instead)."""
+    recipe = dict(max_iters=4, eval_interval=2, log_interval=1)
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    train_tiny(single, model={"use_m_gate": True}, **recipe)
+    torchrun("train", "--data", str(tiny_data), "--out", str(ranks),
+             *overrides(model={"use_m_gate": True}, **recipe, fsdp=fsdp))  # fmt: skip
+    assert_same_curves(single, ranks, range(5))
+
+
+@pytest.mark.slow
+def test_a_stopped_peer_ends_the_run_within_dist_timeout(tiny_data: Path, tmp_path: Path) -> None:
+    """A SIGSTOPped rank left the other waiting with no output (torch's default: 30 minutes).
+    Now rank 0 gives up after dist_timeout with one line, saves latest/ at the last finished
+    step, and that checkpoint resumes in one process."""
+    out = tmp_path / "run"
+    recipe = dict(max_iters=100_000, eval_interval=20, log_interval=5, dist_timeout=5)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "attnlab", "train", "--data", str(tiny_data), "--out", str(out),
+           *overrides(**recipe)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "latest").is_dir() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        ranks = [
+            p for p in descendants(proc.pid) if "attnlab" in Path(f"/proc/{p}/cmdline").read_text()
+        ]
+        rank1 = max(ranks)  # torchrun starts rank 0 first
+        os.kill(rank1, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if "no answer from a peer" in line]
+    assert lines and "within dist_timeout=5 s" in lines[0], err[-3000:]
+    assert "continue with: attnlab train --resume" in lines[0]
+    assert time.monotonic() - stopped < 100  # torchrun's own grace (30 s) for the stopped rank
+    saved = json.loads((out / "latest" / "train_config.json").read_text())
+    assert saved["dist_timeout"] == 5
+    resume(out, max(metrics(out)) + 3)  # the checkpoint is whole: one process continues it
+
+
+KILL_RANK_1_ONCE = """
+import os, sys, time
+from attnlab.cli import main
+from attnlab.train import trainer
+save = trainer.Trainer.save
+def save_then_die(self, name):
+    save(self, name)
+    first = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    if first and self.dist.rank == 1 and name == "latest" and self.state.iter >= 4:
+        time.sleep(2)  # rank 0 finishes writing the checkpoint, then waits for this rank
+        os._exit(3)  # a rank lost after a checkpoint, on the first attempt only
+trainer.Trainer.save = save_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_the_run_from_its_checkpoint(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """`torchrun --max-restarts=1`: restarted workers were refused ('already holds a run'); now
+    they resume the run their job started, and the curve is one process's."""
+    script = tmp_path / "kill_once.py"
+    script.write_text(KILL_RANK_1_ONCE)
+    recipe = dict(max_iters=8, eval_interval=4, log_interval=1)
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    train_tiny(single, **recipe)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--max-restarts=1", str(script), "train", "--data", str(tiny_data), "--out",
+           str(ranks), *overrides(**recipe)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torchrun restart 1, resumed" in proc.stdout
+    assert_same_curves(single, ranks, range(9))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from attnlab.config import ModelConfig
+from attnlab.device import synchronize
 from attnlab.errors import ConfigError
 from attnlab.model import GPT
 
@@ -56,12 +57,8 @@ def relative(a: Timing, b: Timing) -> Timing:
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """Wait for queued kernels before reading the clock (a no-op on CPU)."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.cuda.synchronize
-    if kind == "mps":
-        return torch.mps.synchronize
-    return lambda: None
+    device = torch.device(device)
+    return lambda: synchronize(device)
 
 
 def interleaved(
@@ -148,10 +145,16 @@ def allow_compiled_models(n: int) -> None:
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), 2 * n))
 
 
-def matmul_peak_flops(n: int = 2048, reps: int = 5, device: torch.device | str = "cpu") -> float:
-    """This machine's fp32 matmul rate in FLOP/s: the best of ``reps`` n x n x n products."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def matmul_peak_flops(
+    n: int = 2048,
+    reps: int = 5,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> float:
+    """This machine's matmul rate in FLOP/s (float32, or ``dtype``): the best of ``reps``
+    n x n x n products."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     sync = synchronizer(device)
     a @ b  # warm-up (thread pool start, allocator)
     sync()

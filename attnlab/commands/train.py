@@ -17,6 +17,7 @@ from attnlab.presets import get_preset
 from attnlab.rundir import LOCK_FILE, RunDir, RunLock, is_run_folder
 
 if TYPE_CHECKING:
+    from attnlab.train.init_from import InitFrom
     from attnlab.train.spec import RunSpec
     from attnlab.train.trainer import Trainer
 
@@ -46,6 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint"
     )
     p.add_argument(
+        "--init-from",
+        metavar="FOLDER",
+        help="start a new run from the weights and tokenizer of a run, model or export folder, "
+        "an import-hf folder or a Hugging Face GPT-2 / Llama / attnlab folder (the model is "
+        "FOLDER's; --data must use its tokenizer)",
+    )
+    p.add_argument(
         "overrides",
         nargs="*",
         metavar="key=value",
@@ -61,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.overwrite:
         raise AttnlabError("--overwrite starts a new run; it does not combine with --resume")
+    if args.resume and args.init_from:
+        raise AttnlabError("--init-from starts a new run; it does not combine with --resume")
     if args.resume:
         if RunDir(args.resume).is_sft():
             raise AttnlabError(
@@ -75,15 +85,26 @@ def run(args: argparse.Namespace) -> int:
         )
         trainer = Trainer.resume(args.resume, train_over, data=args.data)
         name = f"{args.resume} (resumed)"
+    elif restarted_run(args.out):
+        # torchrun --max-restarts reruns the same command after a rank failed: the run it
+        # started continues from its last checkpoint (it was refused: 'already holds a run')
+        trainer = Trainer.resume(args.out, data=args.data)
+        name = f"{args.out} (torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}, resumed)"
     else:
         if not args.out:
             raise AttnlabError("--out RUN is required (or --resume RUN)")
         out = Path(args.out).expanduser()
-        inputs = [p for p in (args.data, args.config) if p]  # --overwrite never deletes them
+        # --overwrite never deletes them
+        inputs = [p for p in (args.data, args.config, args.init_from) if p]
         # a run folder killed before its first checkpoint may be started again
         replace = refuse_foreign(out, "run folder", args.overwrite, is_run_folder, sources=inputs)
         check_writable(out)
         spec = resolve(args.preset, args.config, args.overrides, args.data)
+        start = None
+        if args.init_from:
+            from attnlab.train.init_from import init_spec
+
+            spec, start = init_spec(spec, args.init_from, split_overrides(args.overrides)[0])
         if args.overwrite and replace:
             if os.environ.get("WORLD_SIZE", "1") != "1":
                 raise AttnlabError(f"--overwrite does not work under torchrun; remove {out} first")
@@ -95,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
                 if (out / LOCK_FILE).is_file()
                 else contextlib.nullcontext()
             )
-            with lock, replace_folder(out, "run folder", overwrite=True) as tmp:
-                trainer = new_trainer(tmp, spec)
+            # no manifest: resumes and analyses add to a run after it is written
+            with lock, replace_folder(out, "run folder", overwrite=True, manifest=False) as tmp:
+                trainer = new_trainer(tmp, spec, start)
                 trainer.after_interrupt = (
                     f"the new run is discarded and {out} is unchanged (--overwrite replaces it "
                     "only with a finished run)"
@@ -104,8 +126,22 @@ def run(args: argparse.Namespace) -> int:
                 status = run_to_end(trainer, spec.preset)
             print(f"replaced {out} with the new run", file=sys.stderr)
             return status
-        trainer, name = new_trainer(out, spec), spec.preset
+        trainer, name = new_trainer(out, spec, start), spec.preset
     return run_to_end(trainer, name)
+
+
+def restarted_run(out: str | None) -> bool:
+    """Whether this is torchrun restarting its workers (``--max-restarts``) and ``out`` holds a
+    checkpoint of the run this torchrun job started (its env.json names the job): never a run
+    the first attempt was refused to overwrite."""
+    from attnlab.train.checkpoint import checkpoint_dir
+
+    if not out or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        return False
+    env = RunDir(out).read_env() or {}
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    started_here = job is not None and env.get("torchrun_run_id") == job
+    return started_here and checkpoint_dir(RunDir(out).latest) is not None
 
 
 def refuse_resume_flags(*given: tuple[str, object]) -> None:
@@ -116,12 +152,24 @@ def refuse_resume_flags(*given: tuple[str, object]) -> None:
         raise AttnlabError(f"{', '.join(flags)}: a resumed run keeps its own; leave them out")
 
 
-def new_trainer(run_dir: Path, spec: RunSpec) -> Trainer:
+def new_trainer(run_dir: Path, spec: RunSpec, start: InitFrom | None = None) -> Trainer:
+    """A new run of ``spec``, from ``start``'s weights and with its tokenizer when given."""
     from attnlab.train.trainer import Trainer
 
     trainer = Trainer.start(
-        run_dir, spec.model, spec.train, spec.data_dir, vocab_from_data=spec.vocab_from_data
+        run_dir,
+        spec.model,
+        spec.train,
+        spec.data_dir,
+        vocab_from_data=spec.vocab_from_data,
+        init_weights=None if start is None else start.weights,
     )
+    if start is not None:
+        if start.tokenizer is not None:  # what checkpoints save: the data's tokens and the rest
+            trainer.data.tokenizer = start.tokenizer
+        if trainer.dist.is_main:
+            print(f"initialised from {start.folder}", file=sys.stderr)
+        return trainer
     preset_vocab = get_preset(spec.preset).model.get("vocab_size")
     vocab = trainer.model_config.vocab_size
     if preset_vocab is not None and vocab != preset_vocab and trainer.dist.is_main:

@@ -167,6 +167,23 @@ class GPT(nn.Module):
         # step already has one position)
         return self.lm_head(x if all_logits or t == 1 else x[:, -1:, :]), None
 
+    def unreachable_parameters(self) -> list[str]:
+        """Names of the parameters no loss reaches (they never get a gradient): the last block's
+        purpose gate, say, whose M no block reads. Found by one two-token forward and backward
+        in eval mode (no dropout draws from the global RNG); ``.grad`` is left untouched.
+        DDP must be told of them, or it waits for their gradients at the next step."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        was_training = self.training
+        self.eval()
+        try:
+            device = named[0][1].device
+            idx = torch.zeros((1, min(2, self.config.block_size)), dtype=torch.long, device=device)
+            _, loss = self(idx, idx)
+            grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        finally:
+            self.train(was_training)
+        return [n for (n, _), g in zip(named, grads, strict=True) if g is None]
+
     def new_cache(self) -> KVCache:
         return KVCache(self.config.n_layer, self.config.block_size)
 

@@ -30,16 +30,17 @@ def parameter_count(config: ModelConfig) -> int:
     return embeddings + config.n_layer * (attention + config.ffn_sublayers * per_ffn)
 
 
-def memory_needed(config: ModelConfig, batch_size: int | None = None) -> int:
+def memory_needed(config: ModelConfig, batch_size: int | None = None, shards: int = 1) -> int:
     """Bytes at least: weights alone (``batch_size`` None), or a training step of that batch.
 
     Training keeps weights, gradients and two AdamW moments, plus per layer and position at
     least the block's input, the attention output and the FFN hidden state, and the logits with
-    their gradient.
+    their gradient. ``shards``: FSDP's world size, over which those four states are split.
     """
     params = parameter_count(config)
     if batch_size is None:
         return params * FLOAT_BYTES
+    params = -(-params // shards)
     positions = batch_size * config.block_size
     e, ffn = config.n_embd, config.d_ffn or 4 * config.n_embd
     activations = positions * (config.n_layer * (2 * e + ffn) + 2 * config.vocab_size)
@@ -66,14 +67,26 @@ def check_fits(
     device: torch.device | str = "cpu",
     batch_size: int | None = None,
     what: str = "the model",
+    ranks: int = 1,
+    sharded: bool = False,
+    sharing: int = 1,
 ) -> None:
-    """Raise (naming the memory needed) if ``config`` cannot fit on ``device``."""
+    """Raise (naming the memory needed) if ``config`` cannot fit on ``device``.
+
+    Under torchrun ``batch_size`` is the global batch: each of the ``ranks`` processes runs its
+    share, and under FSDP (``sharded``) holds a 1/ranks share of the weights and optimizer
+    state. ``sharing``: the processes that share this device's memory (the ranks of one host,
+    for the CPU's RAM).
+    """
     device = torch.device(device)
     have = device_memory(device)
-    need = memory_needed(config, batch_size)
+    per_rank = -(-batch_size // ranks) if batch_size is not None else None
+    need = sharing * memory_needed(config, per_rank, ranks if sharded else 1)
     if have is None or need <= have:
         return
     task = f"to train with batch_size={batch_size}" if batch_size is not None else "for the weights"
+    if ranks > 1 and batch_size is not None:
+        task += f" ({per_rank} rows on each of {ranks} ranks{', sharded' if sharded else ''})"
     # "more than": parameter_count leaves out the norms (and mechanisms), which every model has
     raise AttnlabError(
         f"{what} cannot fit: more than {parameter_count(config):,} parameters need at least "

@@ -91,13 +91,37 @@ def run_all(
         return
     threads = max(1, (os.cpu_count() or 1) // n_jobs)
     workers = min(n_jobs, max(1, len(items)))  # no more processes than items: --jobs 10**20 too
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("spawn")
+    claims = context.Queue()
+    gpus = visible_gpus()
+    for i in range(workers):  # worker i runs on GPU i mod the visible ones
+        claims.put(gpus[i % len(gpus)] if gpus else None)
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_claim_gpu, initargs=(claims,)
+    ) as pool:
         started = {pool.submit(work, item, threads): i for i, item in enumerate(items)}
         t0 = time.perf_counter()
         for future in as_completed(started):
             now = time.perf_counter()
             on_done(started[future], future.result(), now - t0)
             t0 = now
+
+
+def _claim_gpu(claims: Any) -> None:
+    """A worker's start: make one GPU its only visible one, so that its jobs' ``cuda`` is that
+    GPU (every job ran on cuda:0). CUDA is not initialised yet in a spawned worker."""
+    gpu = claims.get()
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them."""
+    if not torch.cuda.is_available():
+        return []
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = named.split(",") if named else [str(i) for i in range(torch.cuda.device_count())]
+    return ids[: torch.cuda.device_count()]
 
 
 def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
@@ -168,7 +192,7 @@ def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
     }
 
 
-def _planned(job: Job) -> RunSpec:
+def planned(job: Job) -> RunSpec:
     """What a new run of ``job`` trains: its preset, overrides, seed and iteration budget."""
     spec = resolve(job.preset, None, as_overrides(job.model) + as_overrides(job.train), job.data)
     train = spec.train.replace(
@@ -184,7 +208,7 @@ def _planned(job: Job) -> RunSpec:
 
 
 def _new_trainer(job: Job, run_dir: Path) -> Trainer:
-    spec = _planned(job)
+    spec = planned(job)
     return Trainer.start(
         run_dir,
         spec.model,
@@ -205,18 +229,18 @@ def setup_differences(job: Job) -> list[str]:
     folder = RunDir(job.run_dir)
     if not folder.config.is_file():
         return []
-    saved, planned = folder.read_config(), _planned(job)
+    saved, plan = folder.read_config(), planned(job)
 
     def fields(model: ModelConfig, train: TrainConfig, data: str) -> dict[str, Any]:
         out = {f"model.{k}": v for k, v in model.to_dict().items()}
-        if planned.vocab_from_data:  # follows the data, which is compared itself
+        if plan.vocab_from_data:  # follows the data, which is compared itself
             del out["model.vocab_size"]
         out.update({f"train.{k}": v for k, v in train.to_dict().items() if k not in _INCIDENTAL})
         out["train.lr_decay_iters"] = train.lr_decay_iters or train.max_iters
         return {**out, "data": str(Path(data).expanduser().resolve())}
 
     have = fields(saved.model, saved.train, saved.data)
-    want = fields(planned.model, planned.train, job.data)
+    want = fields(plan.model, plan.train, job.data)
     diffs = [f"{k} {have.get(k)!r}, not {v!r}" for k, v in want.items() if have.get(k) != v]
     prepared = is_data_folder(Path(job.data).expanduser())  # not yet: the study prepares it
     change = (

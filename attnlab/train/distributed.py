@@ -10,6 +10,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from attnlab.errors import AttnlabError
 
 # what torchrun sets for every rank, and init_process_group's env:// rendezvous reads
 LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+# seconds the ranks wait for each other at the start (torchrun starts them together)
+JOIN_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the ranks on this host (they share its RAM)
 
     @property
     def enabled(self) -> bool:
@@ -48,13 +52,15 @@ def launched_as_main() -> bool:
     return (os.environ.get("RANK") or "0") == "0"
 
 
-def setup(device_type: str) -> DistEnv:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA)."""
+def setup(device_type: str, timeout_s: float = 600.0) -> DistEnv:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA); a collective that
+    waits longer than ``timeout_s`` for a peer fails (see ``lost_peer``)."""
     launch = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
     try:
         world_size = int(launch["WORLD_SIZE"] or "1")
         rank = int(launch["RANK"] or "0")
         local_rank = int(os.environ.get("LOCAL_RANK") or "0")
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or "1")
     except ValueError:
         shown = ", ".join(f"{k}={v}" for k, v in launch.items() if v is not None)
         raise AttnlabError(f"torchrun's variables must be integers ({shown})") from None
@@ -71,16 +77,65 @@ def setup(device_type: str) -> DistEnv:
             f"WORLD_SIZE={world_size} is set but {names} not: start one process per rank with "
             "torchrun (see README), or unset WORLD_SIZE to train in one process"
         )
-    env = DistEnv(rank, world_size, local_rank)
+    env = DistEnv(rank, world_size, local_rank, local_world_size)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        _join(env, launch, "nccl" if device_type == "cuda" else "gloo", timeout_s)
     if device_type == "cuda":
         torch.cuda.set_device(env.local_rank)
     return env
 
 
-def teardown(env: DistEnv) -> None:
-    if env.enabled and dist.is_initialized():
+def _join(env: DistEnv, launch: dict[str, str | None], backend: str, timeout_s: float) -> None:
+    """init_process_group, its rendezvous bounded by JOIN_TIMEOUT_S: a WORLD_SIZE, RANK and
+    MASTER_* left in the shell made rank 0 wait for ranks that never came, silently, for torch's
+    30 minutes. Collectives are bounded by ``timeout_s`` (train's dist_timeout)."""
+    try:
+        store, _, _ = next(
+            dist.rendezvous(
+                "env://", env.rank, env.world_size, timeout=timedelta(seconds=JOIN_TIMEOUT_S)
+            )
+        )
+    except dist.DistError as e:  # DistStoreError (rank 0), DistNetworkError (the others)
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise AttnlabError(
+            f"waited {JOIN_TIMEOUT_S} s for the {env.world_size} ranks of WORLD_SIZE="
+            f"{env.world_size} to meet at MASTER_ADDR:MASTER_PORT {launch['MASTER_ADDR']}:"
+            f"{launch['MASTER_PORT']} ({reason}); start every rank with torchrun (see README), "
+            "or unset WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT to train in one process"
+        ) from None
+    try:
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except (dist.DistError, RuntimeError) as e:
+        if not lost_peer(e):
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+        raise AttnlabError(
+            f"rank {env.rank}: the {env.world_size} ranks met, but the process group did not "
+            f"form within dist_timeout={timeout_s:g} s (a rank hung, exited or was unreachable: "
+            f"{reason}); nothing was trained: start the run again"
+        ) from None
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed for want of a peer: timed out (a hung or
+    stopped rank) or cut off (a rank or machine gone), as gloo and NCCL raise it."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        mark in text for mark in ("Timed out", "timed out", "Connection closed by peer", "Gloo")
+    )
+
+
+def teardown(env: DistEnv, goodbye: bool = True) -> None:
+    """Leave the process group; ``goodbye``: after a barrier (False once a peer is lost)."""
+    if env.enabled and dist.is_initialized() and goodbye:
         # wait for every rank (rank 0 may still be writing summary.json): a rank tearing gloo
         # down while a peer is still connected can abort ("terminate called without an active
         # exception", SIGABRT) and fail the whole torchrun
@@ -88,20 +143,71 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, env: DistEnv, device: torch.device, fsdp: bool) -> torch.nn.Module:
-    """DDP (or FSDP2 sharding each block) around the model; the bare model when not distributed."""
+def wrap(
+    model: torch.nn.Module,
+    env: DistEnv,
+    device: torch.device,
+    fsdp: bool,
+    amp_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """DDP (or FSDP2 sharding each block) around the model; the bare model when not distributed.
+
+    ``amp_dtype`` bfloat16 gives FSDP2 a mixed-precision policy: parameters all-gathered in
+    bf16 (half the traffic), gradients reduced in float32.
+    """
     if not env.enabled:
         return model
     if fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.transformer.h:
-            fully_shard(block)
-        fully_shard(model)
-        return model
-
+        return _shard(model, amp_dtype)
     ids = [device.index] if device.type == "cuda" else None
+    # parameters the reference architecture keeps but no loss reaches (kv-bias's last W_gm, every
+    # W_gm when M is detached): DDP would wait for their gradients ("Expected to have finished
+    # reduction in the prior iteration"). They never change, so every rank keeps its identical
+    # init; find_unused_parameters would instead walk the autograd graph at every step.
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, model.unreachable_parameters()
+    )
     return DistributedDataParallel(model, device_ids=ids)
+
+
+def _shard(model: torch.nn.Module, amp_dtype: torch.dtype | None) -> torch.nn.Module:
+    """fully_shard per block, then the root, with two kinds of parameter left replicated:
+
+    - a 0-dim one (the boosted scalar gate's logit) has no dim 0 to shard; a hook averages its
+      gradient over the ranks;
+    - one no loss reaches (kv-bias's last W_gm) must keep no gradient, as in one process. FSDP's
+      hooks pass the block's inputs, the Context and its M included, through an autograd
+      function, which hands M, and so W_gm, a zero gradient; AdamW would then decay weights
+      that one process leaves alone. A hook drops that gradient again.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    unreachable = set(model.unreachable_parameters())
+    replicated = set()
+    for name, p in model.named_parameters():
+        if name in unreachable:
+            p.register_post_accumulate_grad_hook(_drop_grad)
+        elif p.dim() == 0:
+            p.register_post_accumulate_grad_hook(_average_grad)
+        else:
+            continue
+        replicated.add(p)
+    bf16 = amp_dtype == torch.bfloat16
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32 if bf16 else None
+    )
+    for block in model.transformer.h:
+        fully_shard(block, mp_policy=policy, ignored_params=replicated)
+    fully_shard(model, mp_policy=policy, ignored_params=replicated)
+    return model
+
+
+def _average_grad(param: torch.Tensor) -> None:
+    dist.all_reduce(param.grad, op=dist.ReduceOp.AVG)
+
+
+def _drop_grad(param: torch.Tensor) -> None:
+    param.grad = None
 
 
 def sync_context(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -111,10 +217,11 @@ def sync_context(model: torch.nn.Module, sync: bool) -> contextlib.AbstractConte
     return model.no_sync()
 
 
-def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+def all_reduce(value: torch.Tensor, env: DistEnv, op: str = "avg") -> torch.Tensor:
+    """``value`` averaged (``op="avg"``) or summed (``"sum"``) over the ranks, on every rank."""
     if env.enabled:
         value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.AVG)
+        dist.all_reduce(value, op=dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM)
     return value
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
 from attnlab.data.corpus import EMBEDDED
-from attnlab.data.prepare import default_data_dir, prepare
+from attnlab.data.prepare import default_data_dir
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 
@@ -90,8 +90,13 @@ def resolve(
             raise AttnlabError(
                 f"config file {config_file}: {key} must be {what}, not {file_data[key]!r}"
             )
-    preset_name = preset or file_data.pop("preset", None) or DEFAULT_PRESET
-    file_data.pop("preset", None)
+    file_preset = file_data.pop("preset", None)
+    if preset and file_preset and preset != file_preset:  # --preset silently won
+        raise AttnlabError(
+            f"--preset {preset} and config file {config_file}'s preset {file_preset!r} disagree; "
+            "give one of them"
+        )
+    preset_name = preset or file_preset or DEFAULT_PRESET
     data = data or file_data.pop("data", None)
     p = get_preset(preset_name)
     tables = {"[model]": file_data.pop("model", {}), "[train]": file_data.pop("train", {})}
@@ -100,12 +105,26 @@ def resolve(
         as_overrides(tables["[model]"]) + as_overrides(tables["[train]"]) + as_overrides(file_data)
     )
     model, train, model_over = configs(preset_name, pairs + list(overrides or []))
+    say_if_warmup_outlasts_decay(train)
     data_dir = Path(data).expanduser() if data else default_data_for(p.data)
     # a preset's vocab_size belongs to its own data; other data brings its own vocabulary
     vocab_from_data = "vocab_size" not in model_over and (
         "vocab_size" not in p.model or not is_presets_own_data(p.data, data_dir)
     )
     return RunSpec(model, train, data_dir, vocab_from_data, preset_name)
+
+
+def say_if_warmup_outlasts_decay(train: TrainConfig) -> None:
+    """One line on stderr when the warmup does not end before the decay does: the learning rate
+    never reaches its peak and never decays (accepted: a smoke test may not care)."""
+    decay = train.lr_decay_iters or train.max_iters
+    if train.decay_lr and train.warmup_iters >= decay:
+        print(
+            f"attnlab: warmup_iters={train.warmup_iters} is not shorter than the decay ({decay} "
+            f"iterations): no cosine decay, and the learning rate never reaches "
+            f"learning_rate={train.learning_rate}",
+            file=sys.stderr,
+        )
 
 
 def check_tables(config_file: str | Path | None, tables: dict[str, dict[str, Any]]) -> None:
@@ -159,19 +178,10 @@ def is_presets_own_data(wanted: dict[str, Any], data: Path | None) -> bool:
 
 
 def default_data_for(data_spec: dict[str, Any]) -> Path | None:
-    """A shipped corpus prepared the way a preset needs (``{corpus, tokenizer, vocab_size}``,
-    prepared on first use); None for the embedded corpus as chars (load_dataset's default)."""
+    """The folder of a shipped corpus prepared the way a preset needs (``{corpus, tokenizer,
+    vocab_size}``); None for the embedded corpus as chars (load_dataset's default). Nothing is
+    written here: loading the folder prepares it on first use (load_dataset)."""
     if set(data_spec) - {"corpus", "tokenizer", "vocab_size"}:
         raise AttnlabError(f"data table {data_spec}: expected only corpus, tokenizer, vocab_size")
     folder = _shipped_dir(data_spec)
-    if folder == default_data_dir():
-        return None
-    if not (folder / "meta.json").is_file():
-        print(f"attnlab: preparing the shipped corpus ({data_spec}) in {folder}", file=sys.stderr)
-        prepare(
-            [data_spec.get("corpus", EMBEDDED)],
-            data_spec.get("tokenizer", "char"),
-            data_spec.get("vocab_size"),
-            folder,
-        )
-    return folder
+    return None if folder == default_data_dir() else folder

@@ -23,13 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.bins import BatchSampler, fixed_batches
 from attnlab.data.prepare import fingerprint, load_dataset
 from attnlab.data.tokenizer import Tokenizer
-from attnlab.device import autocast_dtype, peak_memory_mb, resolve_device
+from attnlab.device import (
+    autocast_dtype,
+    peak_memory_mb,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message
 from attnlab.model import GPT
@@ -171,6 +178,10 @@ class Trainer:
         # one trainer per run folder, taken before any write
         self.lock = lock if lock is not None else self.run_folder.lock()
         self.stop_requested = 0  # the signal (SIGINT or SIGTERM) asking to stop after this step
+        self._finished_step: dict[str, Any] | None = None  # streams after the last finished step
+        # the first non-finite step (iter, loss, grad norm) noted on the device; iter -1: none
+        self._bad = torch.tensor([-1.0, 0.0, 0.0])
+        self.peer_lost = False
         self.after_interrupt: str | None = None  # said instead of the resume command
         # resumed from a checkpoint, and not yet recorded in env.json (done once it trains)
         self.resume_unrecorded = False
@@ -184,11 +195,19 @@ class Trainer:
             )
         self.model_config, self.cfg = model_config, train_config
         self.device = resolve_device(train_config.device)
-        self.dist = distributed.setup(self.device.type)
+        self.dist = distributed.setup(self.device.type, train_config.dist_timeout)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
+        reset_peak_memory(self.device)  # this run's peak, not an earlier one's in this process
 
-        check_fits(model_config, self.device, train_config.batch_size)
+        check_fits(
+            model_config,
+            self.device,
+            train_config.batch_size,
+            ranks=self.dist.world_size,
+            sharded=train_config.fsdp,
+            sharing=self.dist.local_world_size if self.device.type == "cpu" else 1,
+        )
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
         self.model = GPT(model_config).to(self.device)
         if init_weights is not None and resumed is None:
@@ -229,7 +248,9 @@ class Trainer:
             self._load_latest(resumed)
         elif self.dist.is_main:
             self._start_run_dir()
-        self.wrapped = distributed.wrap(self.model, self.dist, self.device, train_config.fsdp)
+        self.wrapped = distributed.wrap(
+            self.model, self.dist, self.device, train_config.fsdp, self.amp_dtype
+        )
         if train_config.fsdp and self.dist.enabled:  # fully_shard swapped in sharded parameters
             self.optimizer = distributed.rebuild_optimizer(
                 self.model, make_optimizer, self.optimizer.state_dict()
@@ -329,6 +350,7 @@ class Trainer:
                 f"cannot resume {self.run_dir} with max_iters={self.cfg.max_iters}: it has run "
                 f"{self.state.iter} iterations already"
             )
+        self.run_folder.refuse_misshapen(self.cfg.tensorboard and self.dist.is_main)
         if self.run_folder.metrics.is_file():  # a damaged log is refused before anything changes
             read_rows(self.run_folder.metrics)
         if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
@@ -349,6 +371,7 @@ class Trainer:
             torch.cuda.set_rng_state(saved[rank]["cuda"])
 
     def save(self, name: str) -> None:
+        self._check_finite()  # nothing non-finite is ever written
         # collectives first: every rank's dropout stream, and under FSDP every rank's shards
         cuda = torch.cuda.get_rng_state() if self.device.type == "cuda" else None
         rank_rng = distributed.gather({"torch": torch.get_rng_state(), "cuda": cuda}, self.dist)
@@ -357,20 +380,63 @@ class Trainer:
         )
         if model is None:
             return
+        self._write_checkpoint(name, model, optimizer_state, self._stream_state(), rank_rng)
+
+    def _stream_state(self) -> dict[str, Any]:
+        """Where the batch stream and rank 0's dropout stream stand now."""
+        state = {"sampler": self.sampler.state_dict(), "torch_rng": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state()
+        return state
+
+    def _write_checkpoint(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        optimizer_state: dict[str, Any],
+        streams: dict[str, Any],
+        rank_rng: list[dict[str, Any]] | None,
+    ) -> None:
         trainer_state = {
             "optimizer": optimizer_state,
-            "sampler": self.sampler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            **streams,
             "scaler": self.scaler.state_dict(),  # float16's loss scale: empty when unused
             "state": self.state.__dict__,
         }
         if rank_rng is not None:  # rank 0's is torch_rng; the others resume theirs from here
             trainer_state["rank_rng"] = rank_rng
-        if cuda is not None:
-            trainer_state["cuda_rng"] = cuda
         ckpt.save_checkpoint(
             self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state
         )
+
+    def _after_lost_peer(self) -> str:
+        """A collective found no peer within dist_timeout: save latest/ at the last step every
+        rank finished, where this rank can do it alone, and say so in one line.
+
+        Under DDP rank 0 holds the whole model, and its weights, optimizer state and streams
+        are those of the last finished step (a step's collectives come before its update, and
+        the streams were noted when it finished); the other ranks' dropout streams start anew
+        there on resume. Under FSDP the shards are on the ranks that stopped answering: the last
+        regular checkpoint stands.
+        """
+        st = self.state
+        what = (
+            f"rank {self.dist.rank}: no answer from a peer within dist_timeout="
+            f"{self.cfg.dist_timeout:g} s after iter {st.iter} (a rank hung, or its machine was "
+            "lost)"
+        )
+        if self.dist.is_main and not self.cfg.fsdp and self._finished_step is not None:
+            st.history = [h for h in st.history if h["iter"] <= st.iter]
+            self._write_checkpoint(
+                LATEST, self.model, self.optimizer.state_dict(), self._finished_step, None
+            )
+            saved = f"saved {self.run_folder.latest} at iter {st.iter}"
+        elif self.dist.is_main:
+            latest = ckpt.checkpoint_dir(self.run_folder.latest)
+            saved = f"the last checkpoint is {latest}" if latest else "no checkpoint was written"
+        else:
+            return f"{what}; rank 0 says what was saved"
+        return f"{what}; {saved}; continue with: {self.resume_command()} (on any number of ranks)"
 
     # --- what the run is ----------------------------------------------------------------------
     def describe(self, model_name: str) -> list[str]:
@@ -444,15 +510,26 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the fixed validation batches."""
+        """Mean loss over the fixed validation batches (each batch's mean over its targets).
+
+        Each rank scores its share of every batch's rows and one all-reduce adds up the losses
+        and target counts: one process's number, at 1/world_size of the memory and time (every
+        rank scored every batch whole). Every rank runs every batch: under FSDP a forward is a
+        collective.
+        """
         self.model.eval()
-        total = torch.zeros((), device=self.device)
-        for x, y in self.val_batches:
+        sums = torch.zeros((len(self.val_batches), 2), device=self.device)
+        for i, (x, y) in enumerate(self.val_batches):
+            x, y = (torch.tensor_split(t, self.dist.world_size)[self.dist.rank] for t in (x, y))
             with self._autocast():
-                _, loss = self.model(x, y)
-            total += loss.float()
+                logits, _ = self.model(x, all_logits=True)
+            sums[i, 0] = F.cross_entropy(
+                logits.float().flatten(0, 1), y.flatten(), ignore_index=-1, reduction="sum"
+            )
+            sums[i, 1] = (y != -1).sum()
         self.model.train()
-        return float(distributed.all_reduce_mean(total / len(self.val_batches), self.dist))
+        sums = distributed.all_reduce(sums, self.dist, op="sum")
+        return float((sums[:, 0] / sums[:, 1]).mean())
 
     # --- the loop ---------------------------------------------------------------------------
     def _step(
@@ -484,8 +561,10 @@ class Trainer:
             norm = torch.linalg.vector_norm(
                 torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
             )
+        if hasattr(norm, "full_tensor"):  # under FSDP a DTensor: the same plain value everywhere
+            norm = norm.full_tensor()
         # the global batch's loss (ranks hold equal shares), so every rank logs and skips alike
-        return distributed.all_reduce_mean(loss_sum, self.dist), norm, stats, positions
+        return distributed.all_reduce(loss_sum, self.dist), norm, stats, positions
 
     def run(self, until: int | None = None) -> dict[str, Any]:
         """Train up to ``max_iters`` (or ``until``); return the run summary."""
@@ -498,6 +577,11 @@ class Trainer:
         except OSError as e:
             if e.errno == errno.ENOSPC:
                 raise AttnlabError(no_space_message(e.filename or self.run_dir)) from e
+            raise
+        except RuntimeError as e:
+            if self.dist.enabled and distributed.lost_peer(e):
+                self.peer_lost = True  # no goodbye barrier: it would wait for the lost peer too
+                raise AttnlabError(self._after_lost_peer()) from None
             raise
         finally:
             self.lock.release()
@@ -528,135 +612,196 @@ class Trainer:
         return f"attnlab {'sft' if sft else 'train'} --resume {shlex.quote(str(self.run_dir))}"
 
     def _run(self, until: int | None) -> dict[str, Any]:
+        """The loop: one optimizer step per pass, then what the step's iteration asks for.
+
+        The device is waited for only where a value is read on the host: a logged row, an
+        evaluation, a checkpoint, the end (nanoGPT reads the loss once per log interval). The
+        loss is summed and non-finite steps noted on the device in between; under torchrun the
+        ranks agree on stopping (a signal, max_seconds) at those same points.
+        """
         cfg, st = self.cfg, self.state
         stop_at = min(cfg.max_iters, until) if until is not None else cfg.max_iters
         if self._time_used_up():  # resumed after its time ran out: it took one more step
             stop_at = st.iter
-        log = (
-            MetricsLog(self.run_folder, cfg.tensorboard and self.dist.is_main, st.iter)
-            if self.dist.is_main
-            else None
-        )
-        if log is not None:
-            log.truncate_after(st.iter)
-            if self.resume_unrecorded and st.iter < stop_at:  # once it is sure to train
-                env = environment(self.device, self.dist.world_size)
-                self.run_folder.add_resume_env(env, st.iter)
-                self.resume_unrecorded = False  # a second run() goes on, it does not resume
+        log = self._open_log(stop_at)
         bar = Progress(
             self.run_dir.name, cfg.max_iters, st.iter, self.dist.is_main and not self.quiet
         )
-        if st.iter == 0 and not st.history:  # every rank evaluates: it is a collective under DDP
-            val = self.evaluate()
-            st.history.append({"iter": 0, "val_loss": val})
-            if log is not None:
-                log.write({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
-            bar.show({"iter": 0, "val_loss": val, "lr": cfg.lr_at(0)})
-        elif st.history:  # resumed: the bar starts with the latest val loss
-            bar.show(st.history[-1], print_line=False)
+        self._first_eval(log, bar)
         compiling = cfg.compile and st.iter < stop_at
         if compiling:
             bar.note("compiling the model (torch.compile): the first step takes longer")
-        window_tokens, window_timed = 0, 0  # throughput since this process started the window
-        window_t0 = time.perf_counter()
-        ckpt_every = cfg.ckpt_interval or cfg.eval_interval
+        window = _Window(self.device)
+        self._bad = torch.tensor([-1.0, 0.0, 0.0], device=self.device)  # (iter, loss, norm)
         try:
             while st.iter < stop_at:
                 t0 = time.perf_counter()
                 lr = cfg.lr_at(st.iter)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
+                # read on the host after this step: its row, its evaluation, its checkpoint
+                reads = self._reads(st.iter + 1, stop_at)
                 # every logged row carries the mechanism statistics, the last one too: the first
                 # training row fixes metrics.csv's columns for the rest of the run
-                want_stats = (st.iter + 1) % cfg.log_interval == 0 or st.iter + 1 == stop_at
-                loss, norm, stats, positions = self._step(want_stats)
+                loss, norm, stats, positions = self._step(want_stats=reads)
                 if compiling:
                     bar.note(f"compiled in {time.perf_counter() - t0:.1f} s (the first step)")
                     compiling = False
                 if not self._finite_or_skip(loss, norm):
                     continue
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
+                self._update()
                 st.iter += 1
+                if self.dist.enabled:  # what rank 0 can save alone if a peer is lost
+                    self._finished_step = self._stream_state()
+                if reads:
+                    synchronize(self.device)  # the clock, below, after the step has run
+                    self._check_finite()
                 st.train_seconds += time.perf_counter() - t0
                 st.tokens += positions
-                st.window_loss += float(loss)
-                st.window_steps += 1
-                window_tokens += positions
-                window_timed += 1
+                window.add(loss, positions)
                 bar.update(1)
-                # each rank times its own steps and catches its own signals: agreed on, so that
-                # the ranks stop at the same step (the signal: 0, SIGINT or SIGTERM)
-                timed_out = cfg.max_seconds is not None and st.train_seconds >= cfg.max_seconds
-                # (agreed into a local: the handler may set stop_requested while this runs)
-                late, agreed = distributed.max_over_ranks(
-                    [timed_out, int(self.stop_requested)], self.dist, self.device
-                )
-                out_of_time, stop = bool(late), int(agreed)
+                out_of_time, stop = self._agree(reads)
                 is_last = st.iter == stop_at or out_of_time
-                row: dict[str, Any] | None = None
-                if st.iter % cfg.log_interval == 0 or is_last:
-                    elapsed = time.perf_counter() - window_t0
-                    row = {
-                        "iter": st.iter,
-                        "train_loss": st.window_loss / max(1, st.window_steps),
-                        "lr": lr,
-                        "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                        "step_ms": 1000 * elapsed / max(1, window_timed),
-                        "elapsed_s": st.train_seconds,
-                        "grad_norm": float(norm),
-                        **{k: float(v) for k, v in stats.items()},
-                    }
-                    st.window_loss, st.window_steps = 0.0, 0
-                    window_tokens, window_timed = 0, 0
-                    window_t0 = time.perf_counter()
+                row = self._train_row(window, lr, norm, stats) if self._logs(is_last) else None
                 # a run stopped by max_seconds ends with an eval too: its summary stays current
                 if st.iter % cfg.eval_interval == 0 or st.iter == cfg.max_iters or out_of_time:
-                    row = row or {"iter": st.iter, "lr": lr}
-                    row["val_loss"] = self.evaluate()
-                    st.history.append({"iter": st.iter, "val_loss": row["val_loss"]})
-                    if row["val_loss"] < st.best_val:
-                        st.best_val = row["val_loss"]
-                        self.save(BEST)
+                    row = self._evaluate_row(row or {"iter": st.iter, "lr": lr})
                 if row is not None:
                     bar.show(row)
                     if log is not None:
                         log.write(row)
-                if st.iter % ckpt_every == 0 or is_last or stop:
+                if st.iter % (cfg.ckpt_interval or cfg.eval_interval) == 0 or is_last or stop:
+                    window.into(st)  # the loss window since the last row is in the checkpoint
                     self.save(LATEST)
                 if out_of_time:
                     break
                 if stop:
-                    term = stop == signal.SIGTERM
-                    if self.dist.is_main:
-                        print(
-                            f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter "
-                            f"{st.iter}: "
-                            + (
-                                self.after_interrupt
-                                or f"saved {self.run_folder.latest}; continue with: "
-                                f"{self.resume_command()}"
-                            ),
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                    if term:
-                        raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
-                    raise KeyboardInterrupt
+                    self._stop_now(stop)
         finally:
             bar.close()
             if log is not None:
                 log.close()
         return self.summary()
 
+    def _open_log(self, stop_at: int) -> MetricsLog | None:
+        """Rank 0's metrics.csv (and TensorBoard), cut back to the checkpoint's iteration; a
+        resume that will train is recorded in env.json."""
+        st = self.state
+        if not self.dist.is_main:
+            return None
+        log = MetricsLog(self.run_folder, self.cfg.tensorboard, st.iter)
+        log.truncate_after(st.iter)
+        if self.resume_unrecorded and st.iter < stop_at:  # once it is sure to train
+            self.run_folder.add_resume_env(environment(self.device, self.dist.world_size), st.iter)
+            self.resume_unrecorded = False  # a second run() goes on, it does not resume
+        return log
+
+    def _first_eval(self, log: MetricsLog | None, bar: Progress) -> None:
+        """The iteration-0 validation loss of a new run; a resumed one shows its latest."""
+        st, lr = self.state, self.cfg.lr_at(0)
+        if st.iter == 0 and not st.history:  # every rank evaluates: it is a collective
+            val = self.evaluate()
+            st.history.append({"iter": 0, "val_loss": val})
+            if log is not None:
+                log.write({"iter": 0, "val_loss": val, "lr": lr})
+            bar.show({"iter": 0, "val_loss": val, "lr": lr})
+        elif st.history:
+            bar.show(st.history[-1], print_line=False)
+
+    def _reads(self, it: int, stop_at: int) -> bool:
+        """Whether iteration ``it`` reads values on the host (a row, an eval, a checkpoint)."""
+        cfg = self.cfg
+        every = (cfg.log_interval, cfg.eval_interval, cfg.ckpt_interval or cfg.eval_interval)
+        return it >= stop_at or it == cfg.max_iters or any(it % n == 0 for n in every)
+
+    def _logs(self, is_last: bool) -> bool:
+        return self.state.iter % self.cfg.log_interval == 0 or is_last
+
+    def _update(self) -> None:
+        """The optimizer step (the GradScaler's under float16), gradients freed."""
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _agree(self, reads: bool) -> tuple[bool, int]:
+        """(out of time, the signal asking to stop: 0, SIGINT or SIGTERM), the same on every rank.
+
+        Each rank times its own steps and catches its own signals; under torchrun they agree at
+        the steps that read values anyway (a collective needs the host), so all stop at one step.
+        """
+        timed_out = self.cfg.max_seconds is not None and self._time_used_up()
+        if not self.dist.enabled:
+            return timed_out, int(self.stop_requested)
+        if not reads:
+            return False, 0
+        # (agreed into a local: the handler may set stop_requested while this runs)
+        late, agreed = distributed.max_over_ranks(
+            [timed_out, int(self.stop_requested)], self.dist, self.device
+        )
+        return bool(late), int(agreed)
+
+    def _train_row(
+        self, window: _Window, lr: float, norm: torch.Tensor, stats: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """metrics.csv's row for this iteration: the window's mean loss and throughput."""
+        row = {
+            "iter": self.state.iter,
+            "train_loss": window.mean_loss(self.state),
+            "lr": lr,
+            "tokens_per_s": window.tokens / max(window.elapsed(), 1e-9),
+            "step_ms": 1000 * window.elapsed() / max(1, window.steps),
+            "elapsed_s": self.state.train_seconds,
+            "grad_norm": float(norm),
+            **{k: float(v) for k, v in stats.items()},
+        }
+        window.restart(self.state)
+        return row
+
+    def _evaluate_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row with this iteration's validation loss; best/ when it is the best yet."""
+        st = self.state
+        row["val_loss"] = self.evaluate()
+        st.history.append({"iter": st.iter, "val_loss": row["val_loss"]})
+        if row["val_loss"] < st.best_val:
+            st.best_val = row["val_loss"]
+            self.save(BEST)
+        return row
+
+    def _stop_now(self, signum: int) -> None:
+        """After a Ctrl-C or SIGTERM and the checkpoint: say how to continue, then leave."""
+        term = signum == signal.SIGTERM
+        if self.dist.is_main:
+            print(
+                f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter {self.state.iter}: "
+                + (
+                    self.after_interrupt
+                    or f"saved {self.run_folder.latest}; continue with: {self.resume_command()}"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        if term:
+            raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
+        raise KeyboardInterrupt
+
     def _finite_or_skip(self, loss: torch.Tensor, norm: torch.Tensor) -> bool:
         """Apply nan_policy: True to take the step, False to drop it (raises when stopping).
+
+        With nan_policy=stop the check stays on the device: the first bad step is noted there
+        and ``_check_finite`` stops at the next step that reads values, before anything is
+        written (a row, a checkpoint), so no sync per step. Skipping has to know now.
 
         Under float16 an overflowing gradient with a finite loss is not a bad step: it is the
         GradScaler's normal start (and its answer to a spike); ``scaler.step`` skips the update,
         ``scaler.update`` lowers the scale, and the step counts as skipped.
         """
+        if self.cfg.nan_policy == "stop" and not self.scaler.is_enabled():
+            bad = ~(torch.isfinite(loss) & torch.isfinite(norm))
+            first = bad & (self._bad[0] < 0)
+            self._bad = torch.where(
+                first, torch.stack([torch.full_like(loss, self.state.iter), loss, norm]), self._bad
+            )
+            return True
         if bool(torch.isfinite(loss)):
             finite = bool(torch.isfinite(norm))
             if finite or self.scaler.is_enabled():
@@ -668,7 +813,20 @@ class Trainer:
         st = self.state
         st.bad_steps += 1
         st.skipped_steps += 1
-        what = f"non-finite loss or gradient at iter {st.iter} (loss {float(loss):.4g}, grad norm {float(norm):.4g})"
+        self._stop_on_bad(st.iter, float(loss), float(norm))
+        # the sampler has moved on, so the next attempt sees a fresh batch
+        return False
+
+    def _check_finite(self) -> None:
+        """Stop on the first non-finite step noted on the device (nan_policy=stop)."""
+        at, loss, norm = self._bad.tolist()
+        if at >= 0:
+            self._stop_on_bad(int(at), loss, norm)
+
+    def _stop_on_bad(self, at: int, loss: float, norm: float) -> None:
+        """Raise unless nan_policy=skip has bad steps to spare."""
+        st = self.state
+        what = f"non-finite loss or gradient at iter {at} (loss {loss:.4g}, grad norm {norm:.4g})"
         if self.cfg.nan_policy == "stop":
             latest = ckpt.checkpoint_dir(self.run_folder.latest)
             if latest is None:
@@ -681,8 +839,6 @@ class Trainer:
             raise AttnlabError(
                 f"{what}; {st.bad_steps} bad steps in a row (max_bad_steps), stopped"
             )
-        # the sampler has moved on, so the next attempt sees a fresh batch
-        return False
 
     def summary(self) -> dict[str, Any]:
         st = self.state
@@ -718,7 +874,44 @@ class Trainer:
             # frees it without the GIL.
             self.wrapped = self.forward_model = self.model
             gc.collect()  # the wrapper sits in reference cycles (its hooks)
-        distributed.teardown(self.dist)
+        distributed.teardown(self.dist, goodbye=not self.peer_lost)
+
+
+class _Window:
+    """The training loss and throughput since the last logged row; the loss summed on the
+    device, moved into the train state (a float) only where it is read or saved."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), device=device)
+        self.pending = 0  # steps summed in ``loss``, not yet in the train state
+        self.steps = self.tokens = 0  # since the last row, for its throughput
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, positions: int) -> None:
+        self.loss += loss.detach().float()
+        self.pending += 1
+        self.steps += 1
+        self.tokens += positions
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def into(self, st: TrainState) -> None:
+        """Move the summed loss into the train state (a checkpoint saves it, a resume goes on)."""
+        if self.pending:
+            st.window_loss += float(self.loss)
+            st.window_steps += self.pending
+            self.loss.zero_()
+            self.pending = 0
+
+    def mean_loss(self, st: TrainState) -> float:
+        self.into(st)
+        return st.window_loss / max(1, st.window_steps)
+
+    def restart(self, st: TrainState) -> None:
+        st.window_loss, st.window_steps = 0.0, 0
+        self.steps = self.tokens = 0
+        self.t0 = time.perf_counter()
 
 
 # metrics shown while training: (metrics.csv column, progress-bar name, format)

@@ -33,8 +33,13 @@ from attnlab.model.mechanisms.boost_gates import make_gate
 
 
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Shannon entropy (nats) of each attention row: [..., Tq, Tk] -> [..., Tq]; 0 log 0 = 0."""
-    return -torch.special.xlogy(weights, weights).sum(dim=-1)
+    """Shannon entropy (nats) of each attention row: [..., Tq, Tk] -> [..., Tq]; 0 log 0 = 0.
+
+    ``w * log(max(w, tiny))`` rather than ``xlogy(w, w)``: the same values and, wherever a weight
+    is positive, the same gradient, but xlogy's gradient at a zero weight is 0/0. Zeros come from
+    the causal mask, and under bf16/fp16 from underflow too; softmax's backward multiplies by the
+    weight, so a finite gradient there adds nothing, while a NaN poisoned every parameter."""
+    return -(weights * weights.clamp_min(torch.finfo(weights.dtype).tiny).log()).sum(dim=-1)
 
 
 class BoostRound(nn.Module):
@@ -98,6 +103,12 @@ SPEC = Mechanism(
         "boost_gate": ("linear", "mlp", "scalar", "none"),
         "boost_kv_source": ("residual", "input"),
     },
+    help={
+        "boost_rounds": "gradient-boosted attention rounds (1 = ordinary attention)",
+        "boost_gate": "gate on each boosting correction",
+        "boost_kv_source": "K and V of extra rounds from the residual x - F or from the input x",
+    },
+    gates={"r{m}": (0.0, 1.0)},  # round m's g in F = F + g * c (1 for boost_gate="none")
     rules=(
         Rule(
             ("boost_gate", "twicing", "boost_rounds"),
@@ -105,6 +116,21 @@ SPEC = Mechanism(
             "boost_gate='mlp' reads the entropy of softmax weights; it does not compose with "
             "twicing=True (2A - A^2 rows can be negative)",
             example={"boost_rounds": 2, "boost_gate": "mlp", "twicing": True},
+        ),
+        # one round has no correction to gate or to read K and V for: recorded, doing nothing
+        Rule(
+            ("boost_gate", "boost_rounds"),
+            lambda c: c.boost_rounds == 1 and c.boost_gate != "linear",
+            "boost_gate={boost_gate!r} needs boost_rounds >= 2 (boost_rounds={boost_rounds} "
+            "has no correction to gate)",
+            example={"boost_gate": "scalar"},
+        ),
+        Rule(
+            ("boost_kv_source", "boost_rounds"),
+            lambda c: c.boost_rounds == 1 and c.boost_kv_source != "residual",
+            "boost_kv_source={boost_kv_source!r} needs boost_rounds >= 2 "
+            "(boost_rounds={boost_rounds} has no extra round to read K and V for)",
+            example={"boost_kv_source": "input"},
         ),
     ),
 )

@@ -45,8 +45,8 @@ class KVBias(Linear):
             bias = self.bias
             if bias is None:
                 return q, k, v
-            km, vm = bias.chunk(2)
-            return q, k + km, v + vm
+            km, vm = bias.chunk(2)  # float32 parameters: keep k and v in autocast's dtype
+            return q, k + km.to(k.dtype), v + vm.to(v.dtype)
         m = previous_m(x, ctx)
         if self.detached:  # the seed's ablation: no gradient flows back into M from here
             m = m.detach()
@@ -66,18 +66,22 @@ class PurposeGate(Linear):
             return
         m_prev = previous_m(h, ctx)
         g_pre, c_pre = self(h).chunk(2, dim=2)
-        g = torch.sigmoid(g_pre)
+        # lerp wants one dtype; under autocast the gate is bf16/fp16 while h (a norm's output)
+        # and so block 0's M are float32. Promote as the fork's g*M + (1-g)*c does (float32).
+        dtype = torch.promote_types(m_prev.dtype, g_pre.dtype)
+        g = torch.sigmoid(g_pre).to(dtype)
         # g * M_prev + (1 - g) * c as one fused kernel (and one in backward) instead of four
-        ctx.state["M"] = torch.lerp(torch.tanh(c_pre), m_prev, g)
+        ctx.state["M"] = torch.lerp(torch.tanh(c_pre).to(dtype), m_prev.to(dtype), g)
         if ctx.stats is not None:
             ctx.record("m_gate_mean", g.mean())
             ctx.record("m_gate_std", g.std())
+        ctx.keep("m_gate.gate", g)  # for `analyze gates` (a no-op unless an analysis asks)
 
 
 class OutputMul(nn.Module):
     """Failed attempt: y := y * M on the attention output (before c_proj)."""
 
-    def adjust_output(self, y: torch.Tensor, ctx) -> torch.Tensor:
+    def adjust_output(self, x: torch.Tensor, y: torch.Tensor, ctx) -> torch.Tensor:
         return y * previous_m(y, ctx)
 
 
@@ -110,6 +114,13 @@ SPEC = Mechanism(
         "kv-bias-detached": {"use_m_gate": True, "m_gate_detached": True},
     },
     choices={"m_inject": ("kv", "output_mul", "mlp_input")},
+    help={
+        "use_m_gate": "K/V-bias purpose state: a per-token state M that biases keys and values",
+        "m_gate_detached": "stop gradients flowing into M through the K/V bias",
+        "m_inject": "where M enters: kv (the seed's), output_mul or mlp_input (its failed "
+        "attempts)",
+    },
+    gates={"m_gate": (0.0, 1.0)},  # g in M = g * M_prev + (1 - g) * c: 1 keeps M
     rules=(
         Rule(
             ("m_gate_detached", "use_m_gate"),
