@@ -67,7 +67,10 @@ def build(config: ModelConfig) -> GPT:
 
 
 def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    return model.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    """SGD with momentum and weight decay: linear in the gradients, so ranks and one process
+    agree to float precision (Adam's per-element normalisation magnifies the summation order of
+    near-zero gradients), and a parameter handed a zero gradient instead of none still moves."""
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
 
 
 def train_steps(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, opt) -> list[float]:
@@ -211,7 +214,7 @@ def test_variants_take_one_process_steps_under_ddp_and_fsdp(labels, tmp_path: Pa
             assert got.keys() == reference.keys(), f"{label} under {mode}"
             for key, value in reference.items():
                 torch.testing.assert_close(
-                    got[key], value, rtol=1e-4, atol=1e-5, msg=f"{label} {mode} {key}"
+                    got[key], value, rtol=1e-4, atol=1e-6, msg=f"{label} {mode} {key}"
                 )
 
 

@@ -542,9 +542,11 @@ def load_dataset(data_dir: str | Path | None = None) -> Dataset:
         # the recorded largest id stands for a scan of every token (seconds at 1 GB), unless
         # the file changed after prepare finished (edited, copied over): then it is read
         trusted = max_id is not None and path.is_file() and path.stat().st_mtime <= written
-        splits[split] = read_tokens(path, meta["dtype"], None if trusted else vocab_size)
-        if len(splits[split]) != meta[f"{split}_tokens"]:
+        splits[split] = read_tokens(path, meta["dtype"])
+        if len(splits[split]) != meta[f"{split}_tokens"]:  # a cut file: said before any scan
             raise AttnlabError(
                 f"{path}: {len(splits[split])} tokens, meta.json says {meta[f'{split}_tokens']}"
             )
+        if not trusted:
+            read_tokens(path, meta["dtype"], vocab_size)  # the scan: refuses an id too large
     return Dataset(data_dir, meta, tok, splits["train"], splits["val"])
