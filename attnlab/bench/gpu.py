@@ -63,8 +63,9 @@ def train_check(
     device: torch.device,
     amp: torch.dtype | None,
     compile: bool,
-) -> dict[str, Any]:
-    """``steps`` AdamW steps on one fixed batch (the loss must fall); the loss is read twice."""
+) -> tuple[dict[str, Any], GPT]:
+    """``steps`` AdamW steps on one fixed batch (the loss must fall; it is read twice): the
+    result and the trained model."""
     torch.manual_seed(0)
     model = GPT(config).to(device)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), device.type)
@@ -93,8 +94,7 @@ def train_check(
         "first_loss": first,
         "last_loss": last,
         "seconds": time.perf_counter() - t0,
-        "model": model,
-    }
+    }, model
 
 
 def decode_check(model: GPT, tokens: int) -> bool:
@@ -163,8 +163,7 @@ def run(device: torch.device, smoke: bool, compile: bool = True) -> dict[str, An
     rows = {}
     for label, fields in variants().items():
         config = _config(fields, size)
-        eager = train_check(config, batch, steps, device, amp, compile=False)
-        model = eager.pop("model")
+        eager, model = train_check(config, batch, steps, device, amp, compile=False)
         row: dict[str, Any] = {
             "train": eager,
             "decode_cached_equals_full": decode_check(model, 8 if smoke else 32),
@@ -172,9 +171,7 @@ def run(device: torch.device, smoke: bool, compile: bool = True) -> dict[str, An
         }
         # on a CPU smoke run one compiled model says that compiling works (each takes seconds)
         if compile and (not smoke or label == "plain"):
-            compiled = train_check(config, batch, steps, device, amp, compile=True)
-            compiled.pop("model")
-            row["train_compiled"] = compiled
+            row["train_compiled"], _ = train_check(config, batch, steps, device, amp, compile=True)
         rows[label] = row
     return {
         "device": str(device),

@@ -111,9 +111,7 @@ def _join(env: DistEnv, launch: dict[str, str | None], backend: str, timeout_s: 
             world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
-    except (dist.DistError, RuntimeError) as e:
-        if not lost_peer(e):
-            raise
+    except (dist.DistError, RuntimeError) as e:  # the message carries the backend's reason
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
         raise AttnlabError(
             f"rank {env.rank}: the {env.world_size} ranks met, but the process group did not "
@@ -129,7 +127,13 @@ def lost_peer(error: BaseException) -> bool:
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
-        mark in text for mark in ("Timed out", "timed out", "Connection closed by peer", "Gloo")
+        mark in text
+        for mark in (
+            "Timed out",
+            "timed out",
+            "Connection closed by peer",
+            "Connection reset by peer",
+        )
     )
 
 
