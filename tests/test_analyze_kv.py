@@ -236,7 +236,7 @@ def test_per_position_writes_into_run_b_by_default(runs: tuple[Path, Path], tmp_
 
 @pytest.mark.parametrize("kind", ["export", "best"])
 @pytest.mark.parametrize(
-    "analysis", ["per-position", "attention", "entropy", "gates", "hull", "names"]
+    "analysis", ["per-position", "attention", "entropy", "gates", "hull", "names", "sink"]
 )
 def test_analyses_need_out_when_run_is_a_model_folder(
     runs: tuple[Path, Path],

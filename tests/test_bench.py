@@ -119,6 +119,24 @@ def test_quarter_ratio_by_hand() -> None:
     assert quarter_ratio([1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 4.0, 8.0]) == pytest.approx(6.0 / 2.0)
 
 
+def test_the_modern_backbone_rows_follow_the_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mechanism is timed on the QKVE-style backbone because its SPEC says so: with the flag
+    moved from the value gate to K/V-bias, K/V-bias has the modern row and the value gate none."""
+    from dataclasses import replace
+
+    from attnlab.bench import overhead
+
+    for name, on in (("kv_bias", True), ("value_gate", False)):
+        module = mechanisms.module(name)
+        monkeypatch.setattr(module, "SPEC", replace(module.SPEC, bench_on_modern=on))
+    rows, _ = overhead.measure(
+        [32], layers=1, batch=2, block=16, reps=1, mechanisms=["kv-bias", "value-gate"]
+    )
+    modern = modern_backbone(tiny_model(n_layer=1, n_embd=32, block_size=16, vocab_size=65))
+    found = {(r.variant, r.params) for r in rows if r.match == "modern"}
+    assert found == {("kv-bias", count_params(modern.replace(**bench_variants()["kv-bias"])))}
+
+
 def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "overhead.png"
     out = bench(capsys, "overhead", "--quick", "--out", str(png))
@@ -140,12 +158,18 @@ def test_bench_overhead_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             tiny_model(n_layer=1, n_embd=width, block_size=16, vocab_size=65, **overrides)
         )
 
-    # the value gate on its own backbone (GQA, RoPE, RMSNorm, deep SwiGLU) against that backbone
+    # the mechanisms whose SPEC asks for it on the QKVE-style backbone (GQA, RoPE, RMSNorm, deep
+    # SwiGLU) against that backbone, and no other
     modern = modern_backbone(tiny_model(n_layer=1, n_embd=32, block_size=16, vocab_size=65))
-    assert rows["value-gate @32 (modern)"][1] == "modern"
-    assert rows["value-gate @32 (modern)"][2].replace(",", "") == str(
-        count_params(modern.replace(value_gate=True))
+    on_modern = mechanisms.modern_bench_variants()
+    assert on_modern and {n.split(" @")[0] for n in rows if n.endswith("(modern)")} == set(
+        on_modern
     )
+    for name in on_modern:
+        assert rows[f"{name} @32 (modern)"][1] == "modern"
+        assert rows[f"{name} @32 (modern)"][2].replace(",", "") == str(
+            count_params(modern.replace(**bench_variants()[name]))
+        )
     wide = int(rows["boosted @32 (fair)"][0])
     assert rows["boosted @32 (fair)"][1] == "fair" and wide > 32
     target = count(32, boost_rounds=2)

@@ -4,6 +4,7 @@
 - ``per_position``: per-target loss of two runs and where one beats the other;
 - ``names``: speaker names in generated text against the training cast;
 - ``gates``, ``entropy``, ``hull``, ``attention``: statistics of captured attention (Figures 3-6);
+- ``sink``: attention mass on the first token per layer and head (Qiu et al. 2025);
 - ``retrieval``: the synthetic pattern-retrieval task;
 - ``inputs``: what the attention analyses read (a run, validation windows) and ``write_csv``.
 

@@ -190,6 +190,31 @@ def plot_gates(stats: dict[str, GateStats], path: str | Path, run: str = "the mo
     return fig
 
 
+def plot_sparsity(runs: dict[str, dict[str, GateStats]], path: str | Path) -> Any:
+    """One panel per gate name: its fraction of scores below SPARSE_BELOW per layer, one line per
+    run that has the gate (the gate-position study's comparison). Returns the Figure."""
+    names = list(dict.fromkeys(name for stats in runs.values() for name in stats))
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(4.2 * len(names) + 1, 3.8), squeeze=False, layout="constrained"
+    )
+    for ax, name in zip(axes[0], names, strict=True):
+        for i, (run, stats) in enumerate(runs.items()):
+            if name in stats:
+                g = stats[name]
+                ax.plot(g.layers, g.sparsity, marker="os^Dv"[i % 5], color=f"C{i % 10}", label=run)
+        ax.set(xlabel="layer", ylabel=f"fraction of scores below {SPARSE_BELOW}", title=name)
+        ax.set_xticks(
+            sorted({i for stats in runs.values() if name in stats for i in stats[name].layers})
+        )
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    legend_outside(fig, list(axes[0]), ncol=4)
+    fig.suptitle("gate sparsity over validation windows and positions", fontsize=10)
+    save_figure(fig, path)
+    return fig
+
+
 def plot(means: np.ndarray, path: str | Path, run: str = "the boosted model") -> Any:
     """One panel per layer: mean gate per dimension for each extra round, and the g = 0.5 line
     (half of each correction added); one legend below all panels. Returns the Figure."""

@@ -29,6 +29,7 @@ from attnlab.bench.timing import (
 from attnlab.config import ModelConfig
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT, mechanisms
+from attnlab.model.mechanisms import modern_bench_variants  # `measure`'s argument hides the module
 from attnlab.plotting import legend_outside, pyplot, save_figure
 
 # name -> ModelConfig overrides; shared with `bench generate`
@@ -39,7 +40,7 @@ class Row:
     width: int  # the vanilla width this row is compared with
     variant: str
     match: str  # "equal" width, parameter-matched ("params"), vs a widened vanilla ("fair"),
-    # or the value gate on the QKVE-style backbone against that backbone ("modern")
+    # or a mechanism on the QKVE-style backbone against that backbone ("modern")
     n_embd: int  # the width actually run
     params: int
     ms: float  # median step time
@@ -179,11 +180,14 @@ def measure(
                 configs[(name, "params")] = with_width(base, w, **fields[name])
                 wide = fair_width(base, count_params(configs[(name, "equal")]))
                 configs[("vanilla", f"fair:{name}")] = with_width(base, wide)
-        # the value gate also on its own (QKVE-style) backbone
-        if ("value-gate", "equal") in configs and n_head % 2 == 0:
+        # the mechanisms whose SPEC asks for it also on the QKVE-style backbone (its GQA needs
+        # an even n_head)
+        on_modern = [n for n in modern_bench_variants() if (n, "equal") in configs]
+        if on_modern and n_head % 2 == 0:
             modern = modern_backbone(base)
             configs[("modern", "equal")] = modern
-            configs[("value-gate", "modern")] = modern.replace(value_gate=True)
+            for name in on_modern:
+                configs[(name, "modern")] = modern.replace(**fields[name])
         if compile:
             allow_compiled_models(len(configs))
         steps = {

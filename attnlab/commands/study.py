@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from attnlab.errors import AttnlabError
-from attnlab.studies import output
+from attnlab.studies import SCALES, output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the shipped studies")
     p.add_argument(
         "--preset",
-        choices=("ci", "cpu", "paper"),
+        choices=SCALES,
         help="scale: ci (a smoke test, a few minutes; the default), cpu (about an hour on 2 "
-        "cores), paper (the seed's settings)",
+        "cores: early training), converged (a plateau on 2 cores, hours; the studies that have "
+        "one), paper (the seed's settings)",
     )
     p.add_argument("--out", help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")

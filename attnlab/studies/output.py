@@ -12,6 +12,10 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
 
 Retrieval and overhead studies train nothing: their results.json and results.csv have no runs.
 The JSON files are strict: a NaN (t and p of a single pair) is written as null.
+
+Convergence is read from each run's own val curve (its metrics.csv): ``val_change_last20`` is
+the relative change of the validation loss over the run's last LAST_FRACTION of iterations, and
+a run whose change lies beyond ±CONVERGED_WITHIN is not ``converged``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, write_json
-from attnlab.rundir import RunLock
+from attnlab.rundir import RunDir, RunLock
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -33,6 +37,10 @@ REPORT = "report.md"
 FIGURES = "figures"
 RUNS = "runs"
 MARKER = ".attnlab-study"  # written first: an interrupted study's folder is still its own
+LAST_FRACTION = 0.2  # the tail of a run's iterations its convergence is read over
+# at most this relative change of the val loss over that tail counts as a plateau; a loss still
+# moving faster ranks where training stopped, not where it would settle
+CONVERGED_WITHIN = 0.01
 # the columns of results.csv and the keys of each run in results.json
 RUN_FIELDS = (
     "variant",
@@ -43,6 +51,8 @@ RUN_FIELDS = (
     "status",
     "sec_per_step",
     "best_val_loss",
+    "val_change_last20",
+    "converged",
     "params",
     "error",
     "run_dir",
@@ -120,6 +130,43 @@ class StudyDir:
         tmp = self.path / f"{REPORT}.tmp"
         tmp.write_text(text)
         tmp.replace(self.report)
+
+
+def val_curve(run_dir: str | Path) -> dict[int, float]:
+    """Iteration -> validation loss at each evaluation in a run folder's metrics.csv ({} where
+    there is none)."""
+    path = RunDir(run_dir).metrics
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        return {
+            int(row["iter"]): float(row["val_loss"])
+            for row in csv.DictReader(f)
+            if row.get("val_loss")
+        }
+
+
+def val_change(curve: dict[int, float], iters: int) -> float | None:
+    """(L(iters) - L(s)) / L(s), s = (1 - LAST_FRACTION) * iters: the relative change of the val
+    loss over the last LAST_FRACTION of ``iters``, L(s) interpolated linearly between the
+    evaluations around s. None without an evaluation at ``iters`` and one at or before s."""
+    start = (1 - LAST_FRACTION) * iters
+    before = [i for i in curve if i <= start]
+    after = [i for i in curve if start <= i]
+    if iters not in curve or not before:
+        return None
+    lo, hi = max(before), min(after)
+    at_start = (
+        curve[lo] if hi == lo else curve[lo] + (curve[hi] - curve[lo]) * (start - lo) / (hi - lo)
+    )
+    return (curve[iters] - at_start) / at_start
+
+
+def convergence(run_dir: str | Path, iters: int) -> dict[str, Any]:
+    """A finished run's ``val_change_last20`` and whether it is ``converged`` (None: unknown)."""
+    change = val_change(val_curve(run_dir), iters)
+    converged = None if change is None else abs(change) <= CONVERGED_WITHIN
+    return {"val_change_last20": change, "converged": converged}
 
 
 def figure_link(name: str) -> str:

@@ -59,6 +59,8 @@ def _scale_lines(spec: StudySpec, preset: str) -> list[str]:
         ]
         if pairs:
             lines.append(f"Changed for {name}: " + ", ".join(pairs) + ".")
+        if "seeds" in over:
+            lines.append(f"{name} runs at most the first {over['seeds']} seeds.")
     if scale.data is not None:
         lines.append(f"Data: `{scale.data}`.")
     return [*lines, ""]

@@ -71,7 +71,7 @@ def run_study(
     seed_list = list(range(n_seeds))
     git = process_git_state()
     if not allow_mixed_commits:
-        provenance.refuse_mixed(_code_states(spec, folder, seed_list, git))
+        provenance.refuse_mixed(_code_states(spec, preset, folder, seed_list, git))
     header = {
         "name": spec.name,
         "description": spec.description,
@@ -143,14 +143,14 @@ def _spec_as_run(spec: StudySpec, record: dict[str, Any]) -> tuple[StudySpec, st
 
 
 def _code_states(
-    spec: StudySpec, folder: StudyDir, seeds: list[int], git: dict[str, Any]
+    spec: StudySpec, preset: str, folder: StudyDir, seeds: list[int], git: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The code states of the runs this invocation would report, grouped: each run folder's
     recorded ones, and the current one for every run it would train or resume."""
     now = (git["commit"], git["dirty"], git["diff_sha256"])
     states = {}
     for name in spec.variants:
-        for seed in seeds:
+        for seed in spec.seeds_of(name, preset, seeds):
             run_dir = folder.run_dir(name, seed)
             finished = finished_summary(run_dir) is not None
             if finished or spec.trains(name):

@@ -12,8 +12,11 @@ A study is one of three kinds:
 
 Settings are layered, later wins: the model preset < the scale's ``model``/``train`` < the
 variant's own overrides < the scale's per-variant overrides. A scale (``[scale.ci]``,
-``[scale.cpu]``, ``[scale.paper]``) also sets ``seeds``, an optional ``data`` (a folder or a
-``{tokenizer, vocab_size}`` table for the embedded corpus) and ``notes`` saying what it scales down.
+``[scale.cpu]``, ``[scale.paper]``, ``[scale.converged]``) also sets ``seeds``, an optional
+``data`` (a folder or a ``{tokenizer, vocab_size}`` table for the embedded corpus) and ``notes``
+saying what it scales down. A scale's per-variant table may set that variant's own ``seeds`` (at
+most the scale's): it runs the first that many of the study's seeds (a control needs fewer than
+the main arms), and a wall-clock-matched variant runs its baseline's.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from typing import Any
 from attnlab.config import ModelConfig, TrainConfig, unknown_key_message
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
+from attnlab.studies import SCALES
 from attnlab.train.spec import tomllib
 
-SCALES = ("ci", "cpu", "paper")
 KINDS = ("lm", "overhead", "retrieval")
 WALLCLOCK_SUFFIX = "-wallclock"
 
@@ -70,7 +73,8 @@ class Scale:
     data: Any = None  # None, a folder path, or {"tokenizer": ..., "vocab_size": ...}
     model: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
-    variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # per variant: its ``model`` / ``train`` overrides and its own ``seeds``
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific (widths, steps, ...)
 
 
@@ -127,6 +131,13 @@ class StudySpec:
                 f"study {self.name!r} has no preset {preset!r}; it has {', '.join(self.scales)}"
             )
         return self.scales[preset]
+
+    def seeds_of(self, name: str, preset: str, seeds: list[int]) -> list[int]:
+        """The ``seeds`` variant ``name`` runs at ``preset``: the first as many as its own
+        ``seeds`` in the scale (its baseline's for a wall-clock-matched variant), else all."""
+        variant = self.variants[name]
+        own = self.scale(preset).variants.get(variant.matches or name, {}).get("seeds")
+        return list(seeds[:own] if own else seeds)
 
     def layered(self, variant: Variant, preset: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, train) overrides for ``variant`` at ``preset``, layered as the module says."""
@@ -253,6 +264,14 @@ def _typed(table: dict[str, Any], key: str, kinds: tuple[type, ...], where: str)
     raise AttnlabError(f"{where}: {key} must be {what}, not {value!r}")
 
 
+def _seeds(table: dict[str, Any], where: str, default: int) -> int:
+    """``table``'s ``seeds``: a whole number >= 1 (``default`` if absent)."""
+    seeds = table.get("seeds", default)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise AttnlabError(f"{where}: seeds must be a whole number >= 1")
+    return seeds
+
+
 def _check_path_name(name: str, what: str) -> None:
     """Variant names become folders under --out: no separators, no '..', nothing hidden."""
     if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
@@ -321,6 +340,11 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
                 "compares a variant with itself; name two different variants"
             )
         at = f"{where} comparison"
+        if any((c["baseline"], c["variant"]) == (k.baseline, k.variant) for k in comparisons):
+            raise AttnlabError(  # Holm would correct for two tests where there is one
+                f"{where}: the comparison of {c['variant']!r} against baseline "
+                f"{c['baseline']!r} is listed twice; keep one"
+            )
         comparisons.append(
             Comparison(
                 c["baseline"],
@@ -339,16 +363,22 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
             ("seeds", "notes", "data", "model", "train", "variants", "params"),
             f"{where} scale {preset}",
         )
+        at = f"{where} scale {preset}"
+        seeds = _seeds(s, f"{where}: scale {preset}", 1)
         per_variant = _table(s, "variants", where)
-        for name in per_variant:
+        for name, own in per_variant.items():
             if name not in variants:
                 raise AttnlabError(f"{where}: scale {preset} overrides unknown variant {name!r}")
-            _check_fields(per_variant[name], f"{where} scale {preset} variant {name}")
+            if not isinstance(own, dict):
+                raise AttnlabError(f"{at} variant {name} must be a table")
+            _check_keys(own, ("model", "train", "seeds"), f"{at} variant {name}")
+            _check_fields(own, f"{at} variant {name}")
+            if "seeds" in own and _seeds(own, f"{at} variant {name}", seeds) > seeds:
+                raise AttnlabError(
+                    f"{at} variant {name}: seeds {own['seeds']} is more than the scale's {seeds} "
+                    "(a variant runs at most the study's seeds)"
+                )
         _check_fields(s, f"{where} scale {preset}")
-        seeds = s.get("seeds", 1)
-        if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-            raise AttnlabError(f"{where}: scale {preset}: seeds must be a whole number >= 1")
-        at = f"{where} scale {preset}"
         scales[preset] = Scale(
             seeds,
             _typed(s, "notes", (str,), at) or "",
@@ -377,10 +407,16 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
 
 def _add_wallclock_variants(spec: StudySpec) -> None:
     """For each wall-clock comparison, the baseline re-run at the matched budget and its comparison."""
+    defined = set(spec.variants)  # the spec's own: a generated arm never takes one's place
     for comp in [c for c in spec.comparisons if c.wallclock]:
         name = comp.baseline + WALLCLOCK_SUFFIX
-        if name in spec.variants:  # a second mechanism timed against the same baseline
+        if name in spec.variants and name not in defined:  # a second mechanism, same baseline
             name = f"{comp.baseline}{WALLCLOCK_SUFFIX}-{comp.variant}"
+        if name in defined:
+            raise AttnlabError(
+                f"{spec.source or 'study spec'}: variant {name!r} has the name of the wall-clock "
+                f"arm generated for {comp.variant!r} against {comp.baseline!r}; rename the variant"
+            )
         base = spec.variants[comp.baseline]
         spec.variants[name] = Variant(
             name,

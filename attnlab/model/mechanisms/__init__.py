@@ -113,6 +113,9 @@ class Mechanism:
     # gates it keeps for `analyze gates` (``ctx.keep(f"{name}.gate", g)``): name -> the range of
     # the scores; ``{m}`` in a name stands for a number (``r{m}``: one gate per boosting round)
     gates: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # `bench overhead` also times its variants on the QKVE-style backbone against that backbone
+    # (the seed's own setting), besides the nanoGPT one every mechanism is timed on
+    bench_on_modern: bool = False
 
     @property
     def label(self) -> str:
@@ -145,6 +148,11 @@ def plain_fields() -> dict[str, Any]:
 def bench_variants() -> dict[str, dict[str, Any]]:
     """`bench overhead` variants of every mechanism: label -> config fields."""
     return {label: fields for spec in specs() for label, fields in spec.bench.items()}
+
+
+def modern_bench_variants() -> tuple[str, ...]:
+    """Bench variants also timed on the QKVE-style backbone (their SPEC's ``bench_on_modern``)."""
+    return tuple(label for spec in specs() if spec.bench_on_modern for label in spec.bench)
 
 
 def param_adding_variants() -> tuple[str, ...]:

@@ -49,6 +49,7 @@ SPEC = Mechanism(
     fields=("value_gate", "value_gate_init"),
     example={"value_gate": True, "n_kv_head": 1},
     bench={"value-gate": {"value_gate": True}},
+    bench_on_modern=True,  # the QKVE seed's gate, on the backbone it was designed for
     zero_gate={"value_gate_init": "zero"},
     choices={"value_gate_init": ("normal", "zero")},
     help={

@@ -17,7 +17,7 @@ from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import finished_summary
-from attnlab.studies import provenance
+from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
     Pace,
@@ -81,6 +81,7 @@ class LanguageModel:
         def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
             runs.append(row)  # a run times itself: row["seconds"]
             if row["status"] == "ok":
+                row.update(output.convergence(row["run_dir"], row["iters"]))
                 result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
             else:
                 result = f"FAILED {row.get('error', '')}"
@@ -107,7 +108,7 @@ class LanguageModel:
                         "run_dir": str(study.out.run_dir(name, s)),
                         "error": "no finished runs to time the wall-clock budget from",
                     }
-                    for s in seeds
+                    for s in spec.seeds_of(name, study.preset, seeds)
                 ]
         extra = {"wallclock": budgets, "analyses": run_analyses(study, runs)}
         return _outcome(study, runs, extra, folders, data)
@@ -213,11 +214,12 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
 
 
 def _considered(study: Study, name: str) -> list[int]:
-    """The seeds of ``name`` the study runs or reports: all of them when it trains the variant,
-    else those whose run already finished (``--variants`` left it out)."""
+    """The seeds of ``name`` the study runs or reports: all of the variant's when it trains
+    it, else those whose run already finished (``--variants`` left it out)."""
+    seeds = study.spec.seeds_of(name, study.preset, study.seeds)
     if study.spec.trains(name):
-        return list(study.seeds)
-    return [s for s in study.seeds if finished_summary(study.out.run_dir(name, s)) is not None]
+        return seeds
+    return [s for s in seeds if finished_summary(study.out.run_dir(name, s)) is not None]
 
 
 def wallclock_budget(

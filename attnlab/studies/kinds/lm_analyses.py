@@ -1,7 +1,6 @@
 """An lm study's own analyses of its first seed's runs, as the spec's ``params.analyses`` asks:
-per-position losses, the name test, boosting gates, attention entropy and the value hull, each
-with its figure
-and its report section."""
+per-position losses, the name test, boosting gates, attention entropy, the value hull, every
+gate's sparsity and the attention sink, each with its figure and its report section."""
 
 from __future__ import annotations
 
@@ -10,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis import entropy, gates, hull, names, per_position
+import numpy as np
+
+from attnlab.analysis import entropy, gates, hull, names, per_position, sink
 from attnlab.analysis.inputs import load_baseline, load_inputs
 from attnlab.errors import AttnlabError
 from attnlab.studies.kinds.base import Study
@@ -190,10 +191,72 @@ def _hull_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
+def _sparsity(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    stats = {}
+    for run in runs:
+        inputs = load_inputs(run, None, sizes.get("analysis_sequences", 50))
+        stats[run_label(run)] = gates.gate_stats(inputs.model, inputs.x)
+    gates.plot_sparsity(stats, figure)
+    return {
+        "rows": [{"run": run, **row} for run, s in stats.items() for row in gates.summary_rows(s)]
+    }
+
+
+def _sparsity_lines(a: dict[str, Any]) -> list[str]:
+    below = f"below_{gates.SPARSE_BELOW}"
+    rows = [
+        [r["run"], r["gate"], str(r["layer"]), num(r["mean"]), num(r["std"]), num(r[below], ".3f")]
+        for r in a["rows"]
+    ]
+    return [
+        f"Every gate's scores over validation windows and positions; sparsity = the fraction "
+        f"below {gates.SPARSE_BELOW} (Qiu et al. 2025 find the output gate's scores mostly near 0):",
+        "",
+        *md_table(
+            ["run", "gate", "layer", "mean", "std", f"fraction < {gates.SPARSE_BELOW}"], rows
+        ),
+        f"![gate sparsity per layer]({a['figure']})",
+        "",
+    ]
+
+
+def _sink(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+    masses, block = {}, 0
+    for run in runs:
+        inputs = load_inputs(run, None, sizes.get("analysis_sequences", 50))
+        masses[run_label(run)] = sink.first_token_mass(inputs.model, inputs.x)
+        block = inputs.x.size(1)
+    sink.plot_runs(masses, figure, block)
+    return {
+        "uniform": sink.uniform_mass(block),
+        "runs": {run: m.tolist() for run, m in masses.items()},
+    }
+
+
+def _sink_lines(a: dict[str, Any]) -> list[str]:
+    masses = {run: np.asarray(mass) for run, mass in a["runs"].items()}
+    n_layer = max(m.shape[0] for m in masses.values())
+    rows = [
+        [run, *(num(float(v), ".3f") for v in m.mean(1)), num(float(m.mean()), ".3f")]
+        for run, m in masses.items()
+    ]
+    return [
+        "Mean attention weight on a window's first token over queries 1..T-1, per layer (mean "
+        f"over heads; uniform causal attention gives {a['uniform']:.3f}); Qiu et al. 2025 "
+        "report that the output gate lowers it:",
+        "",
+        *md_table(["run", *(f"layer {i}" for i in range(n_layer)), "all"], rows),
+        f"![attention on the first token per layer]({a['figure']})",
+        "",
+    ]
+
+
 ANALYSES = {
     "per_position": Analysis("Per-position loss", _per_position, _per_position_lines),
     "names": Analysis("Name test", _names, _names_lines),
     "gates": Analysis("Boosting gates", _gates, _gates_lines),
     "entropy": Analysis("Attention entropy", _entropy, _entropy_lines),
     "hull": Analysis("Leaving the value hull", _hull, _hull_lines),
+    "sparsity": Analysis("Gate sparsity", _sparsity, _sparsity_lines),
+    "sink": Analysis("Attention sink", _sink, _sink_lines),
 }

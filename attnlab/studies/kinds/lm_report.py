@@ -3,16 +3,14 @@ training curves (the seed's Figure 1) and the analyses of the first seed."""
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
 
 from attnlab.plotting import legend_outside, pyplot, save_figure
-from attnlab.rundir import RunDir
 from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
-from attnlab.studies.output import figure_link
+from attnlab.studies.output import CONVERGED_WITHIN, LAST_FRACTION, figure_link, val_curve
 from attnlab.studies.report import md_table, num, p_cell, p_value
 from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, MAX_SEEDS, POWER
 
@@ -24,7 +22,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
     spec = study.spec
-    planned = len(record["seeds"]) * len(spec.variants)
+    planned = sum(len(spec.seeds_of(n, study.preset, record["seeds"])) for n in spec.variants)
     finished = sum(r["status"] == "ok" for r in results["runs"])
     lines = []
     if finished < planned:
@@ -41,7 +39,8 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "for every run), over the seeds that finished; std is the sample std (n − 1) and the "
         "95 % CI Student's t.",
         "",
-        *_variant_table(record["variants"]),
+        *_variant_table(record["variants"], results["runs"]),
+        *_convergence_lines(results["runs"]),
         *_wallclock_lines(record),
         "## Comparisons",
         "",
@@ -81,7 +80,21 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
     return lines + lm_analyses.sections(record.get("analyses", {}))
 
 
-def _variant_table(stats: dict[str, dict[str, Any]]) -> list[str]:
+def _worst_change(runs: list[dict[str, Any]], variant: str) -> float | None:
+    """The variant's val-loss change over the last 20 % of its runs' iterations farthest from 0."""
+    changes = [
+        r["val_change_last20"]
+        for r in runs
+        if r["variant"] == variant and r.get("val_change_last20") is not None
+    ]
+    return max(changes, key=abs, default=None)
+
+
+def _percent(change: float | None) -> str:
+    return "–" if change is None else f"{100 * change:+.2f} %"
+
+
+def _variant_table(stats: dict[str, dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
     rows = []
     for name, s in stats.items():
         mean = s["mean"]
@@ -98,10 +111,41 @@ def _variant_table(stats: dict[str, dict[str, Any]]) -> list[str]:
                 num(s["reference"]),
                 num(s["iters"], "d"),
                 num(1000 * s["sec_per_step"] if s["sec_per_step"] else None, ".1f"),
+                _percent(_worst_change(runs, name)),
             ]
         )
     header = ["variant", "what", "params", "seeds", "val loss mean ± std", "95 % CI", "ppl"]
-    return md_table([*header, "seed's value", "iters", "ms/step"], rows)
+    last = f"last {100 * LAST_FRACTION:.0f} % change (farthest seed)"
+    return md_table([*header, "seed's value", "iters", "ms/step", last], rows)
+
+
+def _convergence_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """How far each run still moved at its end, and which runs are not converged."""
+    measured = [r for r in runs if r.get("converged") is not None]
+    if not measured:
+        return []
+    unconverged = [r for r in measured if not r["converged"]]
+    lines = [
+        f"**Convergence.** A run's last {100 * LAST_FRACTION:.0f} % change is the relative change "
+        f"of its validation loss from iteration {1 - LAST_FRACTION:g} N (interpolated between "
+        "evaluations) to its last, N; beyond "
+        f"±{100 * CONVERGED_WITHIN:g} % it is flagged not converged (every run's value is in "
+        "results.csv). "
+    ]
+    if unconverged:
+        named = ", ".join(
+            f"{r['variant']} seed {r['seed']} ({_percent(r['val_change_last20'])})"
+            for r in unconverged
+        )
+        lines[0] += (
+            f"**Not converged: {len(unconverged)} of {len(measured)} runs**: {named}. Their "
+            "final losses rank where training stopped, not where it would settle."
+        )
+    else:
+        lines[0] += f"All {len(measured)} measured runs are within it."
+    if len(measured) < len(runs):
+        lines[0] += f" ({len(runs) - len(measured)} runs have no measured change.)"
+    return [*lines, ""]
 
 
 def _wallclock_lines(record: dict[str, Any]) -> list[str]:
@@ -262,16 +306,9 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     over seeds, its lowest and highest seed, and the number of seeds."""
     per_variant: dict[str, list[dict[int, float]]] = {}
     for r in runs:
-        path = RunDir(r["run_dir"]).metrics
-        if r["status"] != "ok" or not path.is_file():
-            continue
-        with path.open() as f:
-            points = {
-                int(row["iter"]): float(row["val_loss"])
-                for row in csv.DictReader(f)
-                if row.get("val_loss")
-            }
-        per_variant.setdefault(r["variant"], []).append(points)
+        points = val_curve(r["run_dir"]) if r["status"] == "ok" else {}
+        if points:
+            per_variant.setdefault(r["variant"], []).append(points)
     curves = {}
     for name, seeds in per_variant.items():
         iters = sorted(set.intersection(*(set(s) for s in seeds)))
@@ -315,6 +352,17 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     if later:
         lo, hi = min(later), max(later)
         ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
+    # the window each run's convergence is read over, at the budget most variants train for
+    ends = [c["iters"][-1] for c in curves.values() if c["iters"]]
+    if ends:
+        end = max(set(ends), key=ends.count)
+        ax.axvspan(
+            (1 - LAST_FRACTION) * end,
+            end,
+            color="0.85",
+            zorder=0,
+            label=f"last {100 * LAST_FRACTION:.0f} % of {end:,} iterations (convergence window)",
+        )
     ax.set(
         xlabel="iteration",
         ylabel="validation loss (nats per token)",
