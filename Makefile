@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test test-slow test-all lint
+.PHONY: demo test test-slow test-all test-ecosystem lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,3 +28,27 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The clients whose pins conflict with the main venv, each in a venv of its own: Optimum pins
+# transformers < 4.58 (also the transformers 4.x check), lm-eval and PEFT take the newest.
+# Without them those tests skip, saying which variable would name the interpreter.
+HF4 := .venv-hf4
+LMEVAL := .venv-lmeval
+
+$(HF4)/.installed: constraints.txt
+	test -x $(HF4)/bin/python || $(PYTHON) -m venv $(HF4)
+	$(HF4)/bin/python -m pip install --quiet torch==2.13.0 'transformers<4.58' optimum-onnx \
+		onnxruntime tokenizers safetensors
+	touch $@
+
+$(LMEVAL)/.installed: constraints.txt
+	test -x $(LMEVAL)/bin/python || $(PYTHON) -m venv $(LMEVAL)
+	$(LMEVAL)/bin/python -m pip install --quiet torch==2.13.0 transformers lm-eval peft
+	touch $@
+
+test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed
+	ATTNLAB_OPTIMUM_PYTHON=$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(LMEVAL)/bin/python \
+		ATTNLAB_HF_PYTHON=$(LMEVAL)/bin/python \
+		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/test_onnx_ecosystem.py \
+		tests/test_hf_ecosystem.py
+	ATTNLAB_HF_PYTHON=$(HF4)/bin/python $(BIN)/python -m pytest -q tests/test_hf_ecosystem.py

@@ -1,6 +1,7 @@
 """Hugging Face tools on attnlab exports, where attnlab is not installed: complete tokenizers
 (text keeps its spaces, real bos / eos / pad / unk), batched pipelines, hidden states, gradient
-checkpointing and a sequence-classification head.
+checkpointing, a sequence-classification head, generate that never draws an added row, and
+generate past block_size.
 
 One subprocess (transformers imported once, attnlab blocked on sys.meta_path) runs every check
 on the folders the module fixture exports and saves what it got; the tests compare with attnlab.
@@ -34,8 +35,14 @@ PROMPTS = ["The quick", "A"]  # a batch of two lengths: the pipeline pads one
 NEW_TOKENS = 8
 HF_PYTHON = os.environ.get("ATTNLAB_HF_PYTHON", sys.executable)
 LLAMA = dict(n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu")
-# name -> (model overrides, tokenizer kind); remote and gpt2 have no spare row, llama has
-EXPORTS = {"gpt2": ({}, "char"), "llama": (LLAMA, "bytebpe"), "remote": (ALL_MECHANISMS, "char")}
+# name -> (model overrides, tokenizer kind); remote and gpt2 have no spare row, llama has;
+# zero-rows-win is a GPT-2 whose every real logit is negative (negative_head)
+EXPORTS = {
+    "gpt2": ({}, "char"),
+    "llama": (LLAMA, "bytebpe"),
+    "remote": (ALL_MECHANISMS, "char"),
+    "zero-rows-win": ({"bias": True, "tie_embeddings": False}, "char"),
+}
 HF_SCRIPT = r"""
 import importlib.abc, json, sys
 class Block(importlib.abc.MetaPathFinder):
@@ -77,6 +84,15 @@ for name, folder in job["folders"].items():
     generator = pipeline("text-generation", model=folder, tokenizer=tok, trust_remote_code=True)
     outs = generator(job["prompts"], max_new_tokens=job["new"], do_sample=False, batch_size=2)
     r["pipeline"] = [o[0]["generated_text"] for o in outs]
+    prompt = tok(job["prompts"][0], return_tensors="pt")
+    torch.manual_seed(0)
+    sampled = model.generate(**prompt, max_new_tokens=4 * job["new"], do_sample=True)
+    r["sampled"] = sampled[0, prompt["input_ids"].size(1) :].tolist()
+    try:  # past the context: one line, or what transformers' own model does
+        model.generate(**prompt, max_new_tokens=model.config.max_position_embeddings)
+        r["past_block"] = None
+    except Exception as e:
+        r["past_block"] = [type(e).__name__, str(e)]
     # a head on the last real token of a padded batch (the pipeline made the padding left)
     classifier = AutoModelForSequenceClassification.from_pretrained(
         folder, num_labels=3, trust_remote_code=True
@@ -90,6 +106,21 @@ for name, folder in job["folders"].items():
     at = (mask * torch.arange(mask.size(1))).argmax(-1)
     expected = last[torch.arange(len(at)), at] @ weight.T
     r["classifier"] = [type(classifier).__name__, float((scores - expected).abs().max())]
+    try:
+        import peft
+    except ImportError:
+        r["peft"] = None
+    else:  # LoRA starts as the model itself; a step reaches only the adapters
+        lora = peft.get_peft_model(
+            model, peft.LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
+        )
+        with torch.no_grad():
+            same = float((lora(**batch).logits - model(**batch).logits).abs().max())
+        lora.train()
+        lora(**batch, labels=batch["input_ids"]).loss.backward()
+        grads = {n for n, p in lora.named_parameters() if p.grad is not None and p.grad.any()}
+        r["peft"] = [same, bool(grads), all("lora_" in n for n in grads)]
+        model = lora.unload().eval().requires_grad_(True)  # the base as it was, unfrozen
     if name != "remote":
         continue
     x = torch.tensor([r["ids"]])
@@ -135,6 +166,16 @@ def fitted_model(tokenizer: Tokenizer, spare: int = 0, **overrides) -> GPT:
     return model
 
 
+def negative_head(model: GPT) -> None:
+    """Make every real logit negative at every position: the final norm outputs its bias alone
+    and the untied head points away from it. An added zero row (logit 0) would then win every
+    greedy step and most samples."""
+    with torch.no_grad():
+        ln_f, head = model.transformer.ln_f, model.lm_head
+        ln_f.weight.zero_()
+        head.weight.copy_(-ln_f.bias + 0.02 * torch.randn_like(head.weight))
+
+
 def run_transformers(python: str, folders: dict[str, Path], root: Path) -> dict:
     """What HF_SCRIPT computed under ``python`` for ``folders``."""
     job = {
@@ -165,6 +206,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]
         tok = char_tokenizer() if kind == "char" else byte_tokenizer()
         # llama has a spare row: its one missing token takes it, no row is added
         model = fitted_model(tok, spare=int(name == "llama"), **overrides)
+        if name == "zero-rows-win":
+            negative_head(model)
         made[name] = (model, tok)
         export_model(model, tok, root / name, ["safetensors"])
     results = run_transformers(HF_PYTHON, {n: root / n for n in made}, root)
@@ -228,10 +271,65 @@ def test_batched_pipeline_text_equals_attnlab_greedy(exports, name: str) -> None
 
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_sequence_classification_scores_the_last_real_token(exports, name: str) -> None:
-    classes = {"gpt2": "GPT2", "llama": "Llama", "remote": "Attnlab"}
+    classes = {"gpt2": "GPT2", "llama": "Llama", "remote": "Attnlab", "zero-rows-win": "GPT2"}
     cls, diff = exports[1][name]["classifier"]
     assert cls == f"{classes[name]}ForSequenceClassification"
     assert diff < 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_generate_never_draws_an_added_row(exports, name: str) -> None:
+    """generation_config.json's suppress_tokens: sampled tokens are real ones (greedy ones are
+    attnlab's: test_batched_pipeline_text_equals_attnlab_greedy, zero-rows-win included)."""
+    _, results, root = exports
+    added = json.loads((root / name / "config.json").read_text()).get(ADDED_KEY, {})
+    sampled = results[name]["sampled"]
+    assert sampled and not set(sampled) & set(added.values())
+    if name == "zero-rows-win":  # the added rows would have won every step
+        assert added and len(sampled) == 4 * NEW_TOKENS
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_attnlab_sample_never_draws_an_added_row(
+    exports, tmp_path: Path, capsys, backend: str
+) -> None:
+    """`attnlab sample` on the export: greedy text is the model's own, and sampling runs its full
+    length (the added end token would have stopped it at once, <unk> printed itself)."""
+    from attnlab.cli import main
+
+    made, _, root = exports
+    model, tok = made["zero-rows-win"]
+    folder = root / "zero-rows-win"
+    if backend == "onnxruntime":
+        folder = tmp_path / "onnx"
+        export_model(model, tok, folder, ["safetensors", "onnx"])
+    args = ["sample", str(folder), "--backend", backend, "--prompt", PROMPTS[0], "--device", "cpu"]
+    args += ["--max-new-tokens", str(4 * NEW_TOKENS)]
+    assert main([*args, "--temperature", "0"]) == 0
+    ids = torch.tensor([tok.encode(PROMPTS[0])])
+    greedy = tok.decode(model.generate(ids, 4 * NEW_TOKENS, temperature=0.0)[0].tolist())
+    assert capsys.readouterr().out == greedy + "\n"
+    assert main([*args, "--temperature", "1", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    assert len(text) == len(PROMPTS[0]) + 4 * NEW_TOKENS + 1 and "<" not in text
+
+
+def test_remote_generate_past_block_size_is_one_line(exports) -> None:
+    made, results, _ = exports
+    block = made["remote"][0].config.block_size
+    error, message = results["remote"]["past_block"]
+    assert error == "ValueError" and "\n" not in message
+    assert message == f"cannot forward {block + 1} positions, block_size is {block}"
+
+
+# (zero-rows-win's final norm passes no gradient back: nothing before it can learn)
+@pytest.mark.parametrize("name", ["gpt2", "llama", "remote"])
+def test_peft_lora_trains_an_export(exports, name: str) -> None:
+    r = exports[1][name]
+    if r["peft"] is None:
+        pytest.skip(f"peft is not installed where transformers runs ({HF_PYTHON})")
+    same, trained, only_adapters = r["peft"]
+    assert same == 0.0 and trained and only_adapters
 
 
 def test_remote_gradient_checkpointing_recomputes_with_equal_gradients(exports) -> None:

@@ -21,6 +21,7 @@ from attnlab import from_pretrained
 from attnlab.bench.timing import interleaved, relative
 from attnlab.bench.train import bench_config
 from attnlab.export import FILES, export_model, load_onnx
+from attnlab.export.hf import added_token_ids
 from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding
 
@@ -68,9 +69,12 @@ def measure(
         graph = load_onnx(folder, int8=fmt == "onnx-int8", threads=threads)[0]
         backends[name] = (graph, folder / FILES[fmt])
     outputs: dict[str, torch.Tensor] = {}
+    suppressed = added_token_ids(folder)  # as `attnlab sample` does: ONNX gives them -inf
 
     def decode(name: str) -> None:
-        outputs[name] = backends[name][0].generate(prompt, tokens, temperature=0.0)
+        outputs[name] = backends[name][0].generate(
+            prompt, tokens, temperature=0.0, suppress_tokens=suppressed
+        )
 
     timings = interleaved(
         {name: (lambda name=name: decode(name)) for name in backends}, "pytorch eager", reps

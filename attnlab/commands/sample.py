@@ -117,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         quiet_broken_pipe,
     )
     from attnlab.device import resolve_device
+    from attnlab.export.hf import added_token_ids
     from attnlab.model.generation import stream
+    from attnlab.train.checkpoint import model_folder
 
     check_sampling_args(args)
     apply_threads(args.threads)
@@ -152,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         model = compile_announced(model)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     eos = None if args.ignore_eos else tokenizer.eos_id
+    suppress = added_token_ids(model_folder(args.model))
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     with quiet_broken_pipe():
         for i in range(args.num_samples):
@@ -168,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
                 eos_token_id=eos,
                 use_cache=not args.no_cache,
                 generator=gen,
+                suppress_tokens=suppress,
             )
             echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop={eos} - {None})
             print()

@@ -9,7 +9,12 @@ Optimum finds the cache it feeds back); it returns ``logits`` for every new posi
 grown cache as ``present.L.*``. The first step passes a cache of length 0, so one graph both
 prefills and decodes. A cache input may have more heads than the graph reads (it reads the
 first ones): Optimum starts every model it does not know with ``num_attention_heads`` empty
-heads, whatever the model's kv heads.
+heads, whatever the model's kv heads. The logits of the rows an export added (tokens the model
+never trained) are -inf, so that no client samples them, suppress list or not.
+
+onnxruntime-genai feeds back one key and one value a layer and nothing else. Where a mechanism
+caches more, ``model-genai.onnx`` is the same model with each layer's cache packed into two
+tensors of equal heads (``PackedCacheModel``); ``genai_config.json`` names the graph genai runs.
 
 ONNX goes through the dynamo exporter (``torch.export``): on torch 2.13 it handles every
 component (the TorchScript-based exporter has no ``aten::rms_norm``) and it proves the batch and
@@ -23,9 +28,11 @@ Transpose or Concat around a round. Int8 is onnxruntime's dynamic quantization
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -38,17 +45,20 @@ from attnlab.config import ModelConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.export.trace import INPUT, OUTPUT, quiet_logger
+from attnlab.fsutil import check_manifest
 from attnlab.model import attention
 from attnlab.model.generation import stream
 from attnlab.train import checkpoint as ckpt
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model-int8.onnx"
 GENAI_CONFIG = "genai_config.json"  # what onnxruntime-genai's og.Model(folder) reads
+GENAI_ONNX_FILE = "model-genai.onnx"  # the packed-cache graph, for mechanisms caching more
 # the ONNX protobuf limit: larger models keep their weights in a side file
 PROTOBUF_LIMIT = 2**31 - 2**26
 
 
 PAST, PRESENT = "past_key_values", "present"
+KV_KINDS = ("key", "value")
 OPSET = 23  # Attention and RMSNormalization: one kernel each instead of a dozen small nodes
 MIN_ONNXRUNTIME = (1, 23)  # the first with opset 23's Attention on the CPU
 # "[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from X failed:Protobuf parsing failed."
@@ -64,6 +74,12 @@ def cache_slots(model: nn.Module) -> list[list[tuple[str, int]]]:
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
     return [[(name, buf.size(1)) for name, buf in layer.buffers.items()] for layer in cache.layers]
+
+
+def plain_cache(slots: list[list[tuple[str, int]]]) -> bool:
+    """Whether every layer of ``cache_slots`` caches one key and one value (all that
+    onnxruntime-genai feeds back)."""
+    return all([name for name, _ in layer] == ["r0.k", "r0.v"] for layer in slots)
 
 
 def slot_label(slot: str) -> str:
@@ -93,12 +109,16 @@ class GraphCache:
 
 
 class CachedLogitsModel(nn.Module):
-    """``(input_ids, past) -> (logits at every new position, present)``: the traced signature."""
+    """``(input_ids, past) -> (logits at every new position, present)``: the traced signature;
+    the logits of the ``suppressed`` ids are -inf."""
 
-    def __init__(self, model: nn.Module) -> None:
+    exact_heads = False  # a past input may have more heads than its slot reads
+
+    def __init__(self, model: nn.Module, suppressed: Sequence[int] = ()) -> None:
         super().__init__()
         self.model = model
         self.slots = cache_slots(model)
+        self.suppressed = list(suppressed)
 
     def forward(
         self,
@@ -120,12 +140,64 @@ class CachedLogitsModel(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
         )[0]
+        if self.suppressed:
+            logits = logits.index_fill(-1, torch.tensor(self.suppressed), float("-inf"))
         return logits, [layer.present[n] for layer in layers for n in layer.past]
+
+    def past_heads(self) -> list[int]:
+        """The heads of each cache input, in input order."""
+        return [heads for names in self.slots for _, heads in names]
 
     def names(self, prefix: str) -> list[str]:
         return [
             f"{prefix}.{i}.{slot_label(n)}" for i, names in enumerate(self.slots) for n, _ in names
         ]
+
+
+class PackedCacheModel(nn.Module):
+    """``CachedLogitsModel`` with each layer's cache as ``.key`` and ``.value`` of equal heads,
+    as onnxruntime-genai allocates and feeds them: the layer's slots concatenated on the heads
+    axis (one zero head more where their count is odd) and cut in half. Genai never reads the
+    tensors, so which half holds what does not matter."""
+
+    exact_heads = True  # genai allocates exactly num_key_value_heads
+
+    def __init__(self, inner: CachedLogitsModel) -> None:
+        super().__init__()
+        self.inner = inner
+        self.slot_heads = [[heads for _, heads in names] for names in inner.slots]
+
+    def layer_heads(self) -> list[int]:
+        """Each layer's heads in its ``.key`` (and its ``.value``)."""
+        return [(sum(heads) + 1) // 2 for heads in self.slot_heads]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        slots = []
+        for i, heads in enumerate(self.slot_heads):
+            packed = torch.cat(past[2 * i : 2 * i + 2], dim=1)
+            bounds = [0, *itertools.accumulate(heads)]
+            slots += [packed[:, a:b] for a, b in itertools.pairwise(bounds)]
+        logits, present = self.inner(input_ids, attention_mask, position_ids, slots)
+        packed_present = []
+        layer_present = iter(present)
+        for heads, half in zip(self.slot_heads, self.layer_heads(), strict=True):
+            packed = torch.cat([next(layer_present) for _ in heads], dim=1)
+            if 2 * half > sum(heads):
+                packed = torch.cat([packed, torch.zeros_like(packed[:, :1])], dim=1)
+            packed_present += [packed[:, :half], packed[:, half:]]
+        return logits, packed_present
+
+    def past_heads(self) -> list[int]:
+        return [half for half in self.layer_heads() for _ in range(2)]
+
+    def names(self, prefix: str) -> list[str]:
+        return [f"{prefix}.{i}.{kind}" for i in range(len(self.slot_heads)) for kind in KV_KINDS]
 
 
 def rotary_embedding_node(
@@ -178,33 +250,45 @@ def attend_node(
     return y, None
 
 
-def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) -> None:
+def write_onnx(
+    model: nn.Module,
+    path: Path,
+    config: ModelConfig | None = None,
+    suppressed: Sequence[int] = (),
+    packed: bool = False,
+) -> None:
     """Dynamo export with symbolic batch, seq and past length; onnx.checker must pass.
 
     The graph records ``config`` (default: the model's; an export passes what its config.json
-    reads back as) so that a loader can tell when config.json no longer describes it.
+    reads back as) so that a loader can tell when config.json no longer describes it. The
+    ``suppressed`` ids get -inf logits; ``packed``: the cache as onnxruntime-genai feeds it
+    (``PackedCacheModel``).
     """
     import onnx
 
     cfg = model.config
-    wrapper = CachedLogitsModel(model).eval()
+    wrapper: CachedLogitsModel | PackedCacheModel = CachedLogitsModel(model, suppressed)
+    if packed:
+        wrapper = PackedCacheModel(wrapper)
+    wrapper.eval()
+    past_heads = wrapper.past_heads()
     # sizes above 1 (torch.export specialises on 0 and 1) whose sum fits the block
     seq_len = past_len = max(2, min(8, cfg.block_size // 2))
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("seq", min=1, max=cfg.block_size)
     past_dim = torch.export.Dim("past", min=0, max=cfg.block_size - 1)
-    # at least the heads a slot has (the graph reads those); one symbol per count
-    heads_dims = {
-        h: torch.export.Dim(f"heads{h}", min=h) for names in wrapper.slots for _, h in names
-    }
+    # at least the heads a slot has (the graph reads those), one symbol per count; exactly
+    # those in a packed graph
+    past_dims = [
+        {0: batch, 2: past_dim}
+        if wrapper.exact_heads
+        else {0: batch, 1: torch.export.Dim(f"heads{h}", min=h), 2: past_dim}
+        for h in past_heads
+    ]
     ids = torch.arange(2 * seq_len).view(2, -1) % cfg.vocab_size
     mask = torch.ones(2, past_len + seq_len, dtype=torch.long)
     positions = torch.arange(past_len, past_len + seq_len).repeat(2, 1)
-    past = [
-        torch.zeros(2, heads, past_len, cfg.head_dim)
-        for names in wrapper.slots
-        for _, heads in names
-    ]
+    past = [torch.zeros(2, heads, past_len, cfg.head_dim) for heads in past_heads]
     weight_bytes = sum(v.numel() * v.element_size() for v in ckpt.model_state_dict(model).values())
     with (
         warnings.catch_warnings(),
@@ -225,11 +309,7 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
                 INPUT: {0: batch, 1: seq},
                 MASK: {0: batch, 1: torch.export.Dim.AUTO},  # past + seq: inferred
                 POSITIONS: {0: batch, 1: seq},
-                "past": [
-                    {0: batch, 1: heads_dims[heads], 2: past_dim}
-                    for names in wrapper.slots
-                    for _, heads in names
-                ],
+                "past": past_dims,
             },
             external_data=weight_bytes > PROTOBUF_LIMIT,
             verbose=False,
@@ -240,17 +320,23 @@ def write_onnx(model: nn.Module, path: Path, config: ModelConfig | None = None) 
     onnx.checker.check_model(str(path))
 
 
-def genai_config(model: nn.Module, generation: dict[str, Any]) -> dict[str, Any] | None:
-    """onnxruntime-genai's description of model.onnx, with ``generation`` (the folder's
-    generation_config.json: special ids, sampling); None for a mechanism that caches more than
-    one key and value per layer (genai feeds back nothing else)."""
-    slots = cache_slots(model)
-    if any([name for name, _ in layer] != ["r0.k", "r0.v"] for layer in slots):
-        return None
+def genai_config(
+    model: nn.Module, generation: dict[str, Any], tokenizer_dir: str | None = None
+) -> dict[str, Any]:
+    """onnxruntime-genai's description of the graph it runs (model.onnx, or model-genai.onnx
+    where the cache is not one key and value a layer), with ``generation`` (the folder's
+    generation_config.json: special ids, sampling) and, where its tokenizer cannot read the
+    folder's tokenizer.json, the folder holding one it reads (``tokenizer_dir``)."""
     cfg = model.config
-    names = {kind: f"{PAST}.%d.{kind}" for kind in ("key", "value")}
+    wrapper = CachedLogitsModel(model)
+    plain = plain_cache(wrapper.slots)
+    # every layer caches alike
+    kv_heads = cfg.n_kv_head if plain else PackedCacheModel(wrapper).layer_heads()[0]
+    names = {kind: f"{PAST}.%d.{kind}" for kind in KV_KINDS}
+    tokenizer = {} if tokenizer_dir is None else {"tokenizer_dir": tokenizer_dir}
     return {
         "model": {
+            **tokenizer,
             "bos_token_id": generation.get("bos_token_id"),
             "eos_token_id": generation.get("eos_token_id"),
             "pad_token_id": generation.get("pad_token_id"),
@@ -259,13 +345,13 @@ def genai_config(model: nn.Module, generation: dict[str, Any]) -> dict[str, Any]
             # genai's plain decoder-only family: input ids, mask, positions and a KV cache
             "type": "llama",
             "decoder": {
-                "filename": ONNX_FILE,
+                "filename": ONNX_FILE if plain else GENAI_ONNX_FILE,
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "head_size": cfg.head_dim,
                 "hidden_size": cfg.n_embd,
                 "num_attention_heads": cfg.n_head,
                 "num_hidden_layers": cfg.n_layer,
-                "num_key_value_heads": cfg.n_kv_head,
+                "num_key_value_heads": kv_heads,
                 "inputs": {
                     "input_ids": INPUT,
                     "attention_mask": MASK,
@@ -499,4 +585,8 @@ def load_onnx(
     config = ckpt.read_model_config(folder)
     # as the torch path does: onnxruntime would fail mid-generation on an id past the table
     ckpt.check_tokenizer_fits(tokenizer, config, folder / ckpt.TOKENIZER)
-    return OnnxLM(file, config, threads), tokenizer
+    model = OnnxLM(file, config, threads)
+    # after the checks that say what is wrong with a graph: the rest (an int8 graph copied over
+    # model.onnx, another tokenizer of the same size) is a file the export did not write
+    check_manifest(folder)
+    return model, tokenizer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -119,8 +119,12 @@ def stream(
     eos_token_id: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    suppress_tokens: Sequence[int] = (),
 ) -> Iterator[torch.Tensor]:
-    """Yield each new token column [B, 1]; stops early once every row has produced EOS."""
+    """Yield each new token column [B, 1]; stops early once every row has produced EOS.
+
+    ``suppress_tokens`` are never drawn (an export's added rows: tokens the model never trained).
+    """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     block_size = model.config.block_size
     cache: KVCache | None = None
@@ -138,7 +142,10 @@ def stream(
                     else:
                         cache = None
                         logits, _ = model(idx[:, -block_size:])  # the whole (cropped) context
-        nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+        last = logits[:, -1, :]
+        if suppress_tokens:
+            last = last.index_fill(-1, torch.tensor(suppress_tokens, device=last.device), -math.inf)
+        nxt = sample_next(last, temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], torch.full_like(nxt, eos_token_id), nxt)
             done |= nxt[:, 0] == eos_token_id
