@@ -5,10 +5,11 @@ Every command with an output folder (``--out``) follows one rule, implemented he
 - a missing or empty folder is simply written;
 - a non-empty folder that is not the command's own kind of output (``is_own``) is refused in one
   line naming the folder and ``--overwrite``, unless ``overwrite`` is set;
-- every folder written here records, last, its kind and its entries (the manifest,
-  ``.attnlab-manifest.json``): its own kind of output is replaced only if it holds nothing
-  else (a README, notes/, a run put there), or that is refused in one line naming them; and no
-  ``--out`` may lie inside such a folder, whose next replacement would take it along;
+- every folder written here records, last, its kind, its entries and each file's size and
+  sha256 (the manifest, ``.attnlab-manifest.json``): its own kind of output is replaced only if
+  it holds nothing else (a README, notes/, a run put there), or that is refused in one line
+  naming them; no ``--out`` may lie inside such a folder, whose next replacement would take it
+  along; and a reader checks its files against it (``check_manifest``);
 - a replacement is written completely into a hidden sibling folder first and only then swapped
   in (old folder renamed aside, new one renamed into place, old one deleted), so a failure at
   any moment (disk full, Ctrl-C, a bug) leaves the previous output whole; should the process
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import json
 import os
 import secrets
@@ -86,12 +88,22 @@ def check_writable(path: Path, flag: str = "--out") -> None:
         raise AttnlabError(f"cannot write {path} ({e.strerror}); choose another {flag}") from None
 
 
-def holds_only(folder: Path, names: Iterable[str]) -> bool:
-    """Whether every entry of ``folder`` is a file named in ``names`` or the manifest (what a
-    writer may replace: a README, a subfolder or anything else a user put beside its files is
-    not its to delete)."""
-    allowed = {*names, MANIFEST}
-    return all(p.name in allowed and p.is_file() and not p.is_symlink() for p in folder.iterdir())
+def holds_only(
+    folder: Path, names: Iterable[str], folders: dict[str, Iterable[str]] | None = None
+) -> bool:
+    """Whether every entry of ``folder`` is a file named in ``names``, the manifest, or a
+    subfolder named in ``folders`` holding only the files it names (what a writer may replace:
+    a README, another subfolder or anything else a user put beside its files is not its to
+    delete)."""
+    allowed, folders = {*names, MANIFEST}, folders or {}
+    return all(
+        not p.is_symlink()
+        and (
+            (p.name in allowed and p.is_file())
+            or (p.name in folders and p.is_dir() and holds_only(p, folders[p.name]))
+        )
+        for p in folder.iterdir()
+    )
 
 
 def _real_paths(source: Path) -> Iterator[Path]:
@@ -118,19 +130,43 @@ def refuse_source_inside(out: Path, sources: Iterable[str | Path], flag: str = "
                 )
 
 
-# what replace_folder wrote into a folder: {"kind": its ``what``, "entries": [top-level names]}
+# what replace_folder (or a folder format's own writer) wrote into a folder, written last:
+# {"kind": its ``what``, "entries": [top-level names], "files": {path: {"bytes", "sha256"}}}
+# plus what the format adds (a model folder: which weights; attnlab.train.checkpoint). A
+# manifest of an older attnlab lists the names alone: read as before, with nothing to check.
 MANIFEST = ".attnlab-manifest.json"
 SHOWN = 5  # entries a refusal names before "and N more"
+# files up to this size have their sha256 checked at every load; a larger one only when asked
+# (verify) or when it changed after the manifest was written (its first use since)
+SMALL_FILE = 1 << 20
 
 
-def write_manifest(folder: Path, what: str) -> None:
-    """Record the kind and the entries of ``folder`` (written last: the entries are complete)."""
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in blocks (a bin or an ONNX graph may not fit in memory)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, what: str, extra: dict[str, Any] | None = None) -> None:
+    """Record the kind, the entries and every file's size and sha256 of ``folder`` (written
+    last: the list is complete), with ``extra`` (what the folder's format adds)."""
     entries = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
-    write_json(folder / MANIFEST, {"kind": what, "entries": entries})
+    files = {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    write_json(
+        folder / MANIFEST, {"kind": what, "entries": entries, "files": files, **(extra or {})}
+    )
 
 
 def _parse_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest at ``path`` if it is one (a kind and a list of names), else None."""
+    """The manifest at ``path`` if it is one (a kind, a list of names and, in a current one,
+    each file's size and sha256), else None."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -141,6 +177,14 @@ def _parse_manifest(path: Path) -> dict[str, Any] | None:
         and isinstance(data.get("entries"), list)
         and all(isinstance(e, str) for e in data["entries"])
     )
+    files = data.get("files") if valid else None
+    if files is not None:  # absent in an older manifest
+        valid = isinstance(files, dict) and all(
+            isinstance(f, dict)
+            and isinstance(f.get("bytes"), int)
+            and isinstance(f.get("sha256"), str)
+            for f in files.values()
+        )
     return data if valid else None
 
 
@@ -156,6 +200,47 @@ def read_manifest(folder: Path, flag: str = "--out") -> dict[str, Any] | None:
             f"{path} is damaged, so what attnlab wrote in {folder} is unknown; pass --overwrite "
             f"to replace the folder whole, or choose another {flag}"
         )
+    return data
+
+
+def check_manifest(folder: Path, full: bool = False) -> dict[str, Any] | None:
+    """Refuse, in one line, a file of ``folder`` that is not the one its manifest records;
+    return the manifest (None: the folder has none).
+
+    Every listed file there must have its size; its sha256 is compared for a small file
+    (SMALL_FILE), for one changed after the manifest was written, and with ``full`` for all.
+    A listed file that is gone is refused only with ``full``: loading leaves it to the reader
+    that needs it (an export's unused formats may be deleted). A damaged manifest is refused;
+    one of an older attnlab (names only) has nothing to check.
+    """
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    data = _parse_manifest(path)
+    if data is None:
+        raise AttnlabError(
+            f"{path} is damaged, so what {folder} should hold is unknown; write the folder again"
+        )
+    written = path.stat().st_mtime_ns
+    fix = "restore it, or write the folder again"
+    for name, recorded in (data.get("files") or {}).items():
+        file = folder / name
+        if not file.is_file():
+            if full:
+                raise AttnlabError(f"{file} is missing (listed in {path}); {fix}")
+            continue
+        stat = file.stat()
+        if stat.st_size != recorded["bytes"]:
+            raise AttnlabError(
+                f"{file} has {stat.st_size:,} bytes where attnlab wrote {recorded['bytes']:,} "
+                f"(cut, or replaced since: {path}); {fix}"
+            )
+        digest = full or stat.st_size <= SMALL_FILE or stat.st_mtime_ns > written
+        if digest and file_sha256(file) != recorded["sha256"]:
+            raise AttnlabError(
+                f"{file} is not the file attnlab wrote there (its sha256 differs from {path}'s); "
+                f"{fix}"
+            )
     return data
 
 
@@ -353,13 +438,15 @@ def replace_folder(
     flag: str = "--out",
     sources: Iterable[str | Path] = (),
     manifest: bool = True,
+    describe: Callable[[Path], dict[str, Any]] | None = None,
 ) -> Iterator[Path]:
     """Yield an empty temporary sibling of ``out`` to write into; swap it in when the block ends.
 
     Checks first (see ``refuse_foreign``), so nothing is written when ``out`` must be refused.
     If the block raises (or is interrupted) the temporary folder is removed and ``out`` is as it
     was; a full disk becomes one AttnlabError saying so. ``manifest=False`` writes none: a
-    folder that changes after it is written (a run: resumes, analyses) would outgrow its list.
+    folder that changes after it is written (a run: resumes, analyses) would outgrow its list;
+    ``describe(tmp)``: what the folder's format adds to it (a model folder: its weights).
     """
     out = Path(out).expanduser()
     if out.name in ("", ".."):  # "", "." or "..": a swap renames the folder, not the working one
@@ -384,7 +471,7 @@ def replace_folder(
     try:
         yield tmp
         if manifest:
-            write_manifest(tmp, what)
+            write_manifest(tmp, what, describe(tmp) if describe is not None else None)
         fsync_tree(tmp)
         swap_in(tmp, out)
     except Exception as e:

@@ -22,6 +22,7 @@ from attnlab.cli import main as cli_main
 from attnlab.errors import AttnlabError
 from attnlab.export import FILES, FORMATS, OnnxLM, export, export_model, load_onnx, parse_formats
 from attnlab.export import onnx as onnx_export
+from attnlab.fsutil import MANIFEST
 from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
 
@@ -195,10 +196,14 @@ def test_from_pretrained_prefers_safetensors_then_bin(
     (only_bin / FILES["safetensors"]).unlink()
     loaded, _ = from_pretrained(only_bin)
     np.testing.assert_array_equal(torch_logits(loaded, x), torch_logits(model, x))
-    # safetensors wins when both are there: a corrupted .bin beside it is never read
+    # safetensors wins when both are there: a corrupted .bin beside it is never read (its
+    # manifest names it first; attnlab.fsutil.check_manifest)
     both = tmp_path / "both"
     shutil.copytree(out, both)
     (both / FILES["bin"]).write_bytes(b"not a pickle")
+    with pytest.raises(AttnlabError, match=r"pytorch_model\.bin has 12 bytes where attnlab wrote"):
+        from_pretrained(both)
+    (both / MANIFEST).unlink()  # as an older export: unread
     loaded, _ = from_pretrained(both)
     np.testing.assert_array_equal(torch_logits(loaded, x), torch_logits(model, x))
 

@@ -43,13 +43,21 @@ def test_replace_folder_writes_a_new_folder(tmp_path: Path):
     out = tmp_path / "new" / "out"
     with replace_folder(out, "thing") as tmp:
         (tmp / "a.txt").write_text("a")
-    assert snapshot(out) == snapshot_of({"a.txt": "a", **manifest("thing", "a.txt")}, tmp_path)
+    assert snapshot(out) == snapshot_of(
+        {"a.txt": "a", **manifest("thing", **{"a.txt": "a"})}, tmp_path
+    )
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
 
 
-def manifest(kind: str, *entries: str) -> dict[str, str]:
-    """The manifest replace_folder writes last: the folder's kind and entries."""
-    return {MANIFEST: json.dumps({"kind": kind, "entries": list(entries)}, indent=2)}
+def manifest(kind: str, **files: str) -> dict[str, str]:
+    """The manifest replace_folder writes last: the folder's kind, entries and ``files``
+    (name -> text) with each one's size and sha256."""
+    listed = {
+        name: {"bytes": len(text.encode()), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        for name, text in files.items()
+    }
+    record = {"kind": kind, "entries": sorted(files), "files": listed}
+    return {MANIFEST: json.dumps(record, indent=2)}
 
 
 def snapshot_of(files: dict[str, str], tmp_path: Path) -> dict[str, str]:
@@ -171,7 +179,8 @@ def test_overwrite_swaps_the_new_folder_in(tmp_path: Path):
     out = _thesis(tmp_path)
     with replace_folder(out, "thing", overwrite=True) as tmp:
         (tmp / "config.json").write_text('{"new": 1}')
-    expected = {"config.json": '{"new": 1}', **manifest("thing", "config.json")}
+    written = {"config.json": '{"new": 1}'}
+    expected = {**written, **manifest("thing", **written)}
     assert snapshot(out) == snapshot_of(expected, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "reference"]
 

@@ -25,6 +25,7 @@ from attnlab.data.corpus import (
 from attnlab.data.prepare import load_dataset, prepare
 from attnlab.data.tokenizer import StreamEncoder, Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import MANIFEST
 
 # multi-byte characters (2, 3 and 4 bytes), Windows and old Mac line endings, a BOM, blank lines
 PIECES = ["to be ", "or not", "\n", "\r\n", "\r", "é", "€", "😀", "\n\n", "\t", " ", "\ufeff"]
@@ -211,7 +212,8 @@ def test_the_largest_id_is_checked_without_reading_the_tokens(tmp_path) -> None:
     (out / "meta.json").write_text(json.dumps({**meta, "max_token_id": meta["vocab_size"]}))
     with pytest.raises(AttnlabError, match=r"max_token_id \d+ does not fit the tokenizer's"):
         load_dataset(out)
-    # a folder from before the record: every token is read, as then
+    # a folder from before the record (and before manifests): every token is read, as then
+    (out / MANIFEST).unlink()
     del meta["max_token_id"]
     (out / "meta.json").write_text(json.dumps(meta))
     ids = np.fromfile(out / "train.bin", dtype=np.uint16)

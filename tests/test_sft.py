@@ -183,7 +183,10 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
         f.write(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n")
     over = ["max_iters=10", "eval_interval=5", "eval_iters=2", "batch_size=4", "warmup_iters=2"]
     trainer = sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over, quiet=True)
-    dropped = "attnlab sft: dropped records: {'unencodable': 1, 'no trained token': 0}\n"
+    dropped = (
+        "attnlab sft: dropped records: {'unencodable': 1, 'no trained token': 0, "
+        "'prompt cut away': 0}\n"
+    )
     assert capsys.readouterr().err == dropped
     vocab = pre.model_config.vocab_size
     assert trainer.model_config.vocab_size == vocab + 2

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.commands._common import check_sampling_args, compile_announced, quiet_broken_pipe
     from attnlab.data.chat import IM_END, IM_START
     from attnlab.device import resolve_device
+    from attnlab.train.sft import tuned_on_chatml
 
     check_sampling_args(args)
     if args.max_new_tokens < 1:  # was raised to 1 silently
@@ -61,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError(
             f"{args.model} has no ChatML tokens; fine-tune it first (attnlab sft --chat)"
         )
+    if tuned_on_chatml(args.model) is False:  # its ChatML tokens only ever ended a response
+        raise AttnlabError(
+            f"{args.model} was fine-tuned on instruction pairs, never on ChatML conversations; "
+            "fine-tune it with `attnlab sft --chat`, or prompt it with `attnlab sample`"
+        )
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 become U+FFFD, not a crash
         sys.stdin.reconfigure(errors="replace")
     with quiet_broken_pipe():
@@ -73,8 +79,10 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
     import torch
 
     from attnlab.commands._common import echo_tokens
-    from attnlab.data.chat import IM_END, fit_history, framing_tokens
+    from attnlab.data.chat import IM_END, fit_history, framing_tokens, message_fit
+    from attnlab.export.hf import added_token_ids
     from attnlab.model.generation import stream
+    from attnlab.train.checkpoint import model_folder
 
     device = next(model.parameters()).device
     block = model.config.block_size
@@ -101,6 +109,7 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
         ) from None
     history: list[dict[str, str]] = []
     gen = torch.Generator(device=device).manual_seed(args.seed)
+    suppress = added_token_ids(model_folder(args.model))
     interactive = sys.stdin.isatty()
     if interactive:
         line_editing()
@@ -131,6 +140,14 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
         except AttnlabError as e:  # e.g. a character a char-level model has never seen
             print(f"attnlab chat: {e}", file=sys.stderr)
             continue
+        length, held = message_fit(tok, system + history + [user], block - max_new)
+        if held < length:  # its start is cut away: the reply answers only the rest
+            print(
+                f"attnlab chat: your message is {length:,} tokens, more than the {held:,} the "
+                f"context leaves it ({block:,}, {max_new:,} kept for the reply); the model reads "
+                f"only its last {held:,}",
+                file=sys.stderr,
+            )
         if interactive:
             print("model> ", end="", flush=True)
         tokens = stream(
@@ -142,6 +159,7 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
             args.top_p,
             eos_token_id=tok.token_to_id(IM_END),
             generator=gen,
+            suppress_tokens=suppress,
         )
         try:
             reply = echo_tokens(tok, [], (int(t) for t in tokens), stops)

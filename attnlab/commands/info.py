@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from attnlab.config import ModelConfig, split_overrides
 from attnlab.errors import AttnlabError
-from attnlab.presets import get_preset
+from attnlab.presets import PRESETS, RENAMED, get_preset
 
 COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
 # export formats that hold a traced graph, not weights PyTorch loads into a GPT
@@ -94,6 +95,12 @@ def load_config(target: str, overrides: list[str]) -> tuple[ModelConfig, str | N
     if train_over:
         raise AttnlabError(f"info takes model fields only, not {', '.join(train_over)}")
     if Path(target).expanduser().exists() or "/" in target:  # a path, even a mistyped one
+        if "/" not in target and (target in PRESETS or target in RENAMED):
+            print(
+                f"attnlab info: {target} is a folder here and a preset; showing the folder (for "
+                "the preset, run info where no folder has its name)",
+                file=sys.stderr,
+            )
         config, note = folder_config(target)
         return config.replace(**model_over), note
     if "vocab_size" not in get_preset(target).model and "vocab_size" not in model_over:

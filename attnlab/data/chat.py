@@ -12,6 +12,10 @@ With ``chat=True`` pairs are written as a one-turn ChatML conversation instead.
 Only response / assistant tokens (and the ``<|im_end|>`` that closes them) are trained on:
 ``encode_record`` returns a mask and ``targets`` turns it into next-token targets with -1
 (the model's ``ignore_index``) everywhere else.
+
+Only the markup written here (``Markup``) becomes ChatML's control tokens: the text of a prompt,
+response or message is encoded as plain text (``Tokenizer.encode_plain``), so ``<|im_end|>``
+quoted in the data, or typed by a chat user, is its characters and cannot end or forge a turn.
 """
 
 from __future__ import annotations
@@ -35,19 +39,24 @@ Message = dict[str, str]
 Segments = list[tuple[str, bool]]  # (text, trained?)
 
 
+class Markup(str):
+    """ChatML's own markup (``<|im_start|>user\\n``, ``<|im_end|>``): the one text encoded with
+    its control tokens; every other segment is plain text."""
+
+
 def chatml_segments(messages: Sequence[Message], add_generation_prompt: bool = False) -> Segments:
     """ChatML as (text, trained) pieces: an assistant's content and closing marker are trained."""
     segments: Segments = []
     for m in messages:
         trained = m["role"] == "assistant"
         segments += [
-            (f"{IM_START}{m['role']}\n", False),
+            (Markup(f"{IM_START}{m['role']}\n"), False),
             (m["content"], trained),
-            (IM_END, trained),
+            (Markup(IM_END), trained),
             ("\n", False),
         ]
     if add_generation_prompt:
-        segments.append((f"{IM_START}assistant\n", False))
+        segments.append((Markup(f"{IM_START}assistant\n"), False))
     return segments
 
 
@@ -67,15 +76,29 @@ def record_segments(record: dict[str, Any], chat: bool = False) -> Segments:
                 {"role": "assistant", "content": record["response"]},
             ]
         )
-    return [(record["prompt"] + "\n", False), (record["response"], True), (IM_END, True)]
+    return [(record["prompt"] + "\n", False), (record["response"], True), (Markup(IM_END), True)]
+
+
+def segment_ids(tokenizer: Tokenizer, segments: Segments) -> list[list[int]]:
+    """Each segment's token ids: control tokens for Markup, plain text for anything else."""
+    return [
+        tokenizer.encode(text) if isinstance(text, Markup) else tokenizer.encode_plain(text)
+        for text, _ in segments
+    ]
+
+
+def response_texts(record: dict[str, Any]) -> list[str]:
+    """What a record trains on: its response, or its assistant messages' contents."""
+    if "messages" in record:
+        return [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    return [record["response"]]
 
 
 def encode_segments(tokenizer: Tokenizer, segments: Segments) -> tuple[list[int], list[bool]]:
     """Token ids and, per token, whether it is trained on."""
     ids: list[int] = []
     mask: list[bool] = []
-    for text, trained in segments:
-        piece = tokenizer.encode(text)
+    for piece, (_, trained) in zip(segment_ids(tokenizer, segments), segments, strict=True):
         ids += piece
         mask += [trained] * len(piece)
     return ids, mask
@@ -164,6 +187,21 @@ def framing_tokens(tokenizer: Tokenizer, system: Sequence[Message], role: str = 
     return len(_chatml_ids(tokenizer, [*system, {"role": role, "content": ""}]))
 
 
+def _system_and_rest(messages: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """A leading system message (kept whatever is cut), and the messages after it."""
+    lead = 1 if len(messages) > 1 and messages[0]["role"] == "system" else 0
+    return list(messages[:lead]), list(messages[lead:])
+
+
+def message_fit(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) -> tuple[int, int]:
+    """(tokens of the latest message's text, how many of them a prompt of ``budget`` tokens
+    holds): fewer held than there are means fit_history keeps only its last ones."""
+    system, rest = _system_and_rest(messages)
+    room = budget - framing_tokens(tokenizer, system, rest[-1]["role"])
+    tokens = len(tokenizer.encode_plain(rest[-1]["content"]))
+    return tokens, min(tokens, room)
+
+
 def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) -> list[int]:
     """ChatML ids of ``messages`` plus an open assistant turn, at most ``budget`` tokens.
 
@@ -172,8 +210,7 @@ def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) 
     prompt keeps the shape the model was tuned on). Raises AttnlabError when the system message
     and the markers leave no room for a single token of the latest message.
     """
-    lead = 1 if len(messages) > 1 and messages[0]["role"] == "system" else 0
-    system, rest = list(messages[:lead]), list(messages[lead:])
+    system, rest = _system_and_rest(messages)
     framing = framing_tokens(tokenizer, system, rest[-1]["role"])
     if framing >= budget:
         held = "the system message and the ChatML markers" if system else "the ChatML markers"
@@ -189,9 +226,7 @@ def fit_history(tokenizer: Tokenizer, messages: Sequence[Message], budget: int) 
             break
         rest = rest[2:] if len(rest) > 2 else rest[-1:]
     # the latest message alone is too long: cut the oldest tokens of its text to what fits
-    pieces = [
-        tokenizer.encode(t) for t, _ in chatml_segments(system + rest, add_generation_prompt=True)
-    ]
+    pieces = segment_ids(tokenizer, chatml_segments(system + rest, add_generation_prompt=True))
     at = len(chatml_segments(system)) + 1  # its text: after its "<|im_start|>role\n"
     pieces[at] = pieces[at][len(pieces[at]) - (budget - framing) :]
     return [t for piece in pieces for t in piece]

@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import lzma
+import os
 import socket
 import sys
 import zlib
@@ -91,6 +92,7 @@ class Document:
     title: str
     read: Callable[[int], Iterator[str]]
     normalise: bool = True
+    path: Path | None = None  # the file it is read from, where it is one
 
 
 @lru_cache(maxsize=1)
@@ -179,6 +181,13 @@ def _text_pieces(path: Path, chunk: int) -> Iterator[str]:
                 ) from None
             if not block:
                 return
+            nul = text.find("\0")
+            if nul >= 0:  # valid UTF-8, and no text: a binary file, or one zeroed by a crash
+                at = offset - pending + len(text[:nul].encode("utf-8"))
+                raise AttnlabError(
+                    f"{path}: holds a NUL byte (at offset {at}), which no text has; remove the "
+                    "file from --corpus"
+                )
             offset += len(block)
             yield text
 
@@ -256,10 +265,10 @@ def _file_document(path: Path, title: str) -> Document:
     """A file as a document: text, unless its name says JSON Lines or Parquet."""
     fmt = _file_format(path)
     if fmt == ".jsonl":
-        return Document(title, lambda chunk: _joined(_jsonl_rows(path), chunk))
+        return Document(title, lambda chunk: _joined(_jsonl_rows(path), chunk), path=path)
     if fmt == ".parquet":
-        return Document(title, lambda chunk: _joined(_parquet_rows(path), chunk))
-    return Document(title, partial(_text_pieces, path))
+        return Document(title, lambda chunk: _joined(_parquet_rows(path), chunk), path=path)
+    return Document(title, partial(_text_pieces, path), path=path)
 
 
 def _dataset_document(source: str, title: str, ds: Any) -> Document:
@@ -551,8 +560,17 @@ class CorpusStream:
     def scan(self, advance: Callable[[int], None] | None = None) -> None:
         """Read every document (twice: its length, then up to its cut); ``advance(n)`` is told
         each piece's UTF-8 size as the first read goes."""
+        read_from: dict[str, str] = {}  # each file's real path -> the source that named it
         for source in self.sources:
             for doc in _documents(source):
+                if doc.path is not None:  # a folder and a file in it: its text counted twice
+                    real = os.path.realpath(doc.path)
+                    if real in read_from:
+                        raise AttnlabError(
+                            f"{doc.path} is read twice (from --corpus {read_from[real]} and "
+                            f"{source}); give it once"
+                        )
+                    read_from[real] = source
                 chars, nbytes = self._measure(doc, advance)
                 if not chars:  # empty files add nothing; an all-empty corpus is an error below
                     continue

@@ -52,7 +52,7 @@ from attnlab.data.token_files import TokenWriter, read_tokens
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
 from attnlab.data.tokenizer import StreamEncoder, Tokenizer, check_bpe_vocab
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import holds_only, replace_folder
+from attnlab.fsutil import check_manifest, holds_only, replace_folder
 
 DEFAULT_BPE_VOCAB = 16384
 # the most bytes of train text BPE learns its merges on: training time and memory stay flat
@@ -181,6 +181,7 @@ def prepare(
     ) as tmp:
         with _stage(progress, f"reading {names}") as stage:
             corpus.scan(stage.advance)
+            _check_split(corpus, val_fraction, names)
             stage.done.append(
                 f"{len(corpus.parts)} documents, "
                 f"{_mb(corpus.train_bytes)} train + {_mb(corpus.val_bytes)} val text"
@@ -227,6 +228,20 @@ def prepare(
         meta["provenance"] = corpus.provenance()
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def _check_split(corpus: CorpusStream, val_fraction: float, names: str) -> None:
+    """Refuse a split far from ``val_fraction``: each document is cut at the line break nearest
+    its share, so one of a few long lines can leave almost nothing to train on."""
+    asked = 1 - val_fraction
+    share = corpus.train_bytes / (corpus.train_bytes + corpus.val_bytes)
+    if share < asked / 2:
+        raise AttnlabError(
+            f"{names}: the split leaves {corpus.train_bytes:,} bytes of text for training and "
+            f"{corpus.val_bytes:,} for validation ({share:.0%} train, not about {asked:.0%}): "
+            f"the text has too few line breaks to cut near --val-fraction {val_fraction}; break "
+            "it into lines, or into several files"
+        )
 
 
 class _Sample:
@@ -549,4 +564,7 @@ def load_dataset(data_dir: str | Path | None = None) -> Dataset:
             )
         if not trusted:
             read_tokens(path, meta["dtype"], vocab_size)  # the scan: refuses an id too large
+    # after the checks that name what is wrong in the data's own terms: the rest (a tokenizer or
+    # meta.json edited, a bin swapped) is a file that is not what prepare wrote
+    check_manifest(data_dir)
     return Dataset(data_dir, meta, tok, splits["train"], splits["val"])

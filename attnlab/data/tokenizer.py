@@ -247,6 +247,22 @@ class Tokenizer:
                 "(undecodable bytes?)"
             ) from None
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text: where it spells a special token (ChatML's
+        ``<|im_end|>`` quoted in data, or typed in a chat) that spelling is encoded as text,
+        never as the token, so no text can forge the markup around it."""
+        if self._special_re is None:
+            return self.encode(text)
+        ids: list[int] = []
+        start = 0
+        for match in self._special_re.finditer(text):
+            spelled = match.group()
+            # its first character alone, then the rest: neither piece is the special token
+            ids += self.encode(text[start : match.start()]) + self.encode(spelled[0])
+            ids += self.encode_plain(spelled[1:])
+            start = match.end()
+        return ids + self.encode(text[start:])
+
     def _encode(self, text: str) -> list[int]:
         if self.kind != "char":
             return self.hf.encode(text, add_special_tokens=False).ids

@@ -28,14 +28,20 @@ from attnlab.export.hf import (
     EXPORT_MARK,
     GENERATION_CONFIG,
     METADATA_FILES,
+    TOKENIZER_CONFIG,
+    ShippedTokenizer,
+    genai_tokenizer,
     shipped_tokenizer,
     write_metadata,
 )
 from attnlab.export.onnx import (
     GENAI_CONFIG,
+    GENAI_ONNX_FILE,
     INT8_FILE,
     ONNX_FILE,
+    cache_slots,
     genai_config,
+    plain_cache,
     write_onnx,
     write_onnx_int8,
 )
@@ -97,18 +103,51 @@ def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
     torch.save(sd, path)
 
 
-def write_onnx_folder(model: nn.Module, folder: Path, log: Callable[[str], None] | None) -> None:
-    """model.onnx, and genai_config.json beside it where onnxruntime-genai can run the graph."""
-    write_onnx(model, folder / FILES["onnx"], ckpt.read_model_config(folder))
-    genai = genai_config(model, json.loads((folder / GENERATION_CONFIG).read_text()))
-    if genai is not None:
-        (folder / GENAI_CONFIG).write_text(json.dumps(genai, indent=2))
-    elif log is not None:
-        log(f"{'onnx':12s} no {GENAI_CONFIG}: onnxruntime-genai passes one key and value a layer")
+# the folder holding a tokenizer.json onnxruntime-genai reads, where it cannot read the export's
+GENAI_TOKENIZER_DIR = "genai_tokenizer"
+GENAI_TOKENIZER_FILES = (ckpt.TOKENIZER, TOKENIZER_CONFIG)
+
+
+def write_onnx_folder(
+    model: nn.Module,
+    folder: Path,
+    shipped: ShippedTokenizer | None,
+    log: Callable[[str], None] | None,
+) -> None:
+    """model.onnx and what onnxruntime-genai runs: genai_config.json, model-genai.onnx where
+    the cache is more than one key and value a layer, a tokenizer where it cannot read ours."""
+    config = ckpt.read_model_config(folder)
+    suppressed = sorted(shipped.added.values()) if shipped is not None else []
+    write_onnx(model, folder / FILES["onnx"], config, suppressed)
+    if not plain_cache(cache_slots(model)):
+        write_onnx(model, folder / GENAI_ONNX_FILE, config, suppressed, packed=True)
+        if log is not None:
+            log(f"{'onnx':12s} {GENAI_ONNX_FILE}: the cache packed as onnxruntime-genai feeds it")
+    text = genai_tokenizer(shipped) if shipped is not None else None
+    if text is not None:
+        (folder / GENAI_TOKENIZER_DIR).mkdir()
+        (folder / GENAI_TOKENIZER_DIR / ckpt.TOKENIZER).write_text(text)
+        # transformers adds no bos or eos; SentencePiece-style tokenizers there do by default
+        tokenizer_config = json.loads((folder / TOKENIZER_CONFIG).read_text())
+        tokenizer_config.update(add_bos_token=False, add_eos_token=False)
+        (folder / GENAI_TOKENIZER_DIR / TOKENIZER_CONFIG).write_text(
+            json.dumps(tokenizer_config, indent=2)
+        )
+    generation = json.loads((folder / GENERATION_CONFIG).read_text())
+    genai = genai_config(model, generation, GENAI_TOKENIZER_DIR if text is not None else None)
+    (folder / GENAI_CONFIG).write_text(json.dumps(genai, indent=2))
 
 
 # every file an export may hold (a large model's ONNX weights go to an external data file)
-EXPORT_FILES = frozenset({*FILES.values(), f"{ONNX_FILE}.data", GENAI_CONFIG, *METADATA_FILES})
+EXPORT_FILES = frozenset(
+    {
+        *FILES.values(),
+        *(f"{graph}.data" for graph in (ONNX_FILE, GENAI_ONNX_FILE)),
+        GENAI_ONNX_FILE,
+        GENAI_CONFIG,
+        *METADATA_FILES,
+    }
+)
 
 
 def is_export(folder: Path) -> bool:
@@ -117,7 +156,11 @@ def is_export(folder: Path) -> bool:
         data = json.loads((folder / ckpt.CONFIG).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and EXPORT_MARK in data and holds_only(folder, EXPORT_FILES)
+    return (
+        isinstance(data, dict)
+        and EXPORT_MARK in data
+        and holds_only(folder, EXPORT_FILES, {GENAI_TOKENIZER_DIR: GENAI_TOKENIZER_FILES})
+    )
 
 
 def export_model(
@@ -147,13 +190,15 @@ def export_model(
         if log is not None:
             tokens = ", ".join(f"{t} (id {i})" for t, i in shipped.added.items())
             log(f"{'tokenizer':12s} added {tokens}: zero embedding rows, vocab_size {shipped.rows}")
-    with replace_folder(out, what, overwrite, is_export, sources=sources) as tmp:
+    with replace_folder(
+        out, what, overwrite, is_export, sources=sources, describe=ckpt.weights_record
+    ) as tmp:
         sd = hf_state_dict(model, write_metadata(tmp, model.config, shipped))
         writers: dict[str, Callable[[], None]] = {
             "safetensors": lambda: ckpt.write_state_dict(sd, tmp / FILES["safetensors"]),
             "bin": lambda: write_bin(sd, tmp / FILES["bin"]),
             "torchscript": lambda: write_torchscript(model, tmp / FILES["torchscript"]),
-            "onnx": lambda: write_onnx_folder(model, tmp, log),
+            "onnx": lambda: write_onnx_folder(model, tmp, shipped, log),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),
         }
         for fmt in formats:

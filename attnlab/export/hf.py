@@ -126,6 +126,7 @@ class ShippedTokenizer:
     """The tokenizer an export writes: the model's, completed with the tokens HF tools need."""
 
     hf: tokenizers.Tokenizer
+    kind: str  # attnlab's tokenizer kind: char, bpe or bytebpe
     roles: dict[str, str]  # bos_token / eos_token / pad_token (/ unk_token) -> token
     added: dict[str, int]  # tokens that got a new, zero-initialised embedding row -> id
     rows: int  # the exported model's vocab_size (the original's plus the added rows)
@@ -171,7 +172,52 @@ def shipped_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> ShippedTokenizer
     if wrong:  # a tokenizers version that numbers added tokens its own way
         raise AttnlabError(f"tokenizers renumbered the export's {', '.join(wrong)}")
     added = {t: i for t, i in new.items() if i >= vocab_size}
-    return ShippedTokenizer(hf, roles, added, max(vocab_size, tokenizer.vocab_size + len(new)))
+    rows = max(vocab_size, tokenizer.vocab_size + len(new))
+    return ShippedTokenizer(hf, tokenizer.kind, roles, added, rows)
+
+
+# SentencePiece's space, which onnxruntime-extensions' non-byte-level tokenizer reads
+SPM_SPACE = "\u2581"
+
+
+def genai_tokenizer(tokenizer: ShippedTokenizer) -> str | None:
+    """tokenizer.json for onnxruntime-genai where its tokenizer (onnxruntime-extensions) cannot
+    read the export's own; None where it reads that one (byte-level BPE) or none would do.
+
+    A char tokenizer is written as a merge-free SentencePiece-style BPE, the form in which
+    onnxruntime-extensions reads one character at a time without byte-level renaming: the
+    space is ``▁``, a no-op pre-tokenizer, and every byte a character outside the vocabulary
+    falls back to is ``<unk>`` (one per UTF-8 byte, where transformers gives one per character).
+    """
+    if tokenizer.kind != "char":  # byte-level BPE it reads as it is, bpe's WordPiece never
+        return None
+    data = json.loads(tokenizer.hf.to_str())
+    vocab = data["model"]["vocab"]
+    if SPM_SPACE in vocab:  # the character would read as a space
+        return None
+    unk = vocab[UNK]
+    vocab = {SPM_SPACE if token == " " else token: i for token, i in vocab.items()}
+    vocab.update({f"<0x{b:02X}>": unk for b in range(256)})
+    data.update(
+        normalizer=None,
+        # a Split on a string no text holds: onnxruntime-extensions then reads character by
+        # character (a regex Split runs through std::regex, byte by byte)
+        pre_tokenizer={"type": "Split", "pattern": {"String": "\u0000"}, "behavior": "Isolated"},
+        decoder={
+            "type": "Sequence",
+            "decoders": [{"type": "Replace", "pattern": {"String": SPM_SPACE}, "content": " "}],
+        },
+        model={"type": "BPE", "vocab": vocab, "merges": [], "unk_token": UNK},
+    )
+    return json.dumps(data, ensure_ascii=False, indent=2)
+
+
+def added_token_ids(folder: Path) -> list[int]:
+    """The ids an export gave new zero rows (config.json's ADDED_KEY) in the model folder
+    ``folder``: tokens the model never trained, which no sampler draws."""
+    path = folder / ckpt.CONFIG
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return sorted(data.get(ADDED_KEY, {}).values())
 
 
 def write_metadata(
@@ -244,10 +290,19 @@ TOKENIZER_DECODERS = {"char": "Fuse", "bpe": "WordPiece", "bytebpe": "ByteLevel"
 
 
 def attnlab_tokenizer(path: Path) -> Tokenizer | None:
-    """``tokenizer.json`` as attnlab's Tokenizer, or None when it is not one of attnlab's kinds."""
+    """``tokenizer.json`` as attnlab's Tokenizer, or None when it is not one of attnlab's kinds;
+    one that is no tokenizer at all (damaged, cut) is refused: skipped, the import lost it."""
     try:
-        tokenizer = Tokenizer.load(path)
-    except AttnlabError:
+        hf = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust error says what is wrong; keep its first line
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise AttnlabError(
+            f"{path}: not a valid tokenizer.json ({reason}); repair it, or move it away to "
+            "import the model without a tokenizer"
+        ) from None
+    try:
+        tokenizer = Tokenizer(hf)
+    except AttnlabError:  # another model (Unigram, WordPiece): not one attnlab reads
         return None
     decoder = type(tokenizer.hf.decoder).__name__
     return tokenizer if TOKENIZER_DECODERS[tokenizer.kind] == decoder else None
@@ -337,7 +392,12 @@ def import_hf(
     config, sd, tokenizer = read_hf_folder(folder)
     model = ckpt.model_with_weights(config, sd, str(folder), "cpu")
     with replace_folder(
-        out, "model folder written by import-hf", overwrite, ckpt.is_model_folder, sources=[folder]
+        out,
+        "model folder written by import-hf",
+        overwrite,
+        ckpt.is_model_folder,
+        sources=[folder],
+        describe=ckpt.weights_record,
     ) as tmp:
         ckpt.write_model_folder(tmp, model, tokenizer)
     return model, out, None if tokenizer is None else tokenizer.kind

@@ -27,6 +27,7 @@ from attnlab.train.checkpoint import (
     load_weights_strict,
     refuse_run_checkpoint,
     safe_torch_load,
+    weights_record,
     write_model_folder,
 )
 
@@ -128,6 +129,8 @@ def import_nanogpt(
     check_fits(config, "cpu", what=str(ckpt_path))
     model = GPT(config)  # tied as nanoGPT ties; loading wte fills lm_head too
     load_weights_strict(model, sd, str(ckpt_path))
-    with replace_folder(out, "model folder", overwrite, sources=sources) as tmp:
+    with replace_folder(
+        out, "model folder", overwrite, sources=sources, describe=weights_record
+    ) as tmp:
         write_model_folder(tmp, model, tokenizer)
     return model.eval(), tokenizer

@@ -22,12 +22,19 @@ import torch
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
 from attnlab.data.bins import SeededSampler, write_tokens
-from attnlab.data.chat import SHIPPED, SPECIAL_TOKENS, encode_record, load_jsonl, targets
+from attnlab.data.chat import (
+    SHIPPED,
+    SPECIAL_TOKENS,
+    encode_record,
+    load_jsonl,
+    response_texts,
+    targets,
+)
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, write_json
-from attnlab.rundir import SFT_FILE, RunDir, RunLock
+from attnlab.rundir import BEST, LATEST, SFT_FILE, RunDir, RunLock
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 from attnlab.train.spec import with_scaled_schedule
@@ -108,27 +115,33 @@ def pad_batch(
 
 def encode_examples(
     records: list[dict[str, Any]], tokenizer: Tokenizer, chat: bool, block_size: int
-) -> tuple[list[Example], list[int], dict[str, int]]:
+) -> tuple[list[Example], list[int], dict[str, int], int]:
     """(inputs, targets) of each usable record, its last block_size + 1 tokens, their indices,
-    and drop counts."""
+    drop counts, and how many of those kept were longer than that (cut)."""
     examples: list[Example] = []
     kept: list[int] = []
-    dropped = {"unencodable": 0, "no trained token": 0}
+    dropped = {"unencodable": 0, "no trained token": 0, "prompt cut away": 0}
+    cut = 0
     for i, record in enumerate(records):
         try:
             ids, mask = encode_record(tokenizer, record, chat)
         except AttnlabError:  # e.g. a character outside a char-level vocabulary
             dropped["unencodable"] += 1
             continue
+        longer = len(ids) > block_size + 1
         # keep the end: that is where the response (or the latest assistant turn) is
         ids, mask = ids[-(block_size + 1) :], mask[-(block_size + 1) :]
+        if longer and mask[0]:  # it starts inside a response: a reply to no prompt at all
+            dropped["prompt cut away"] += 1
+            continue
+        cut += longer
         tgt = targets(ids, mask)
         if all(t == -1 for t in tgt):
             dropped["no trained token"] += 1
             continue
         examples.append((ids[:-1], tgt))
         kept.append(i)
-    return examples, kept, dropped
+    return examples, kept, dropped, cut
 
 
 def resize_embeddings(
@@ -154,8 +167,13 @@ def _write_data(
     source: str,
 ) -> dict[str, int]:
     """The run's SFT data folder: a loadable prepared folder plus the records it was made of;
-    returns how many records were dropped, and why."""
-    _, indices, dropped = encode_examples(records, tokenizer, chat, block_size)
+    returns how many records were dropped, and why, and how many kept were cut to the context."""
+    if not any(text.strip() for record in records for text in response_texts(record)):
+        raise AttnlabError(
+            f"{source}: every response is empty, so the model would learn only to end at once; "
+            "give records with responses"
+        )
+    _, indices, dropped, cut = encode_examples(records, tokenizer, chat, block_size)
     kept = [records[i] for i in indices]
     if len(kept) < 2:
         raise AttnlabError(
@@ -178,12 +196,13 @@ def _write_data(
         "sft_source": source,
         "records": {k: len(v) for k, v in splits.items()},
         "dropped": dropped,
+        "cut": cut,
         "split": f"every {VAL_EVERY}th record is validation",
     }
     tokenizer.save(folder / "tokenizer.json")
     write_json(folder / "meta.json", meta)
     write_json(folder / SFT_FILE, {"chat": chat, "source": source})
-    return dropped
+    return dropped, cut
 
 
 def check_model_overrides(
@@ -222,8 +241,8 @@ def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tens
     chat = json.loads((folder / SFT_FILE).read_text())["chat"]
     block, cfg, dist = trainer.model_config.block_size, trainer.cfg, trainer.dist
     tok = trainer.data.tokenizer
-    train, _, _ = encode_examples(load_jsonl(folder / "train.jsonl"), tok, chat, block)
-    val, _, _ = encode_examples(load_jsonl(folder / "val.jsonl"), tok, chat, block)
+    train = encode_examples(load_jsonl(folder / "train.jsonl"), tok, chat, block)[0]
+    val = encode_examples(load_jsonl(folder / "val.jsonl"), tok, chat, block)[0]
     val = val[: cfg.batch_size * cfg.eval_iters]
     sampler = ExampleSampler(
         train, block, cfg.batch_size, cfg.seed, dist.rank, dist.world_size, trainer.device
@@ -275,7 +294,7 @@ def start(
     # the trainer's own checks (the weights fit the model, the model fits the device...) read
     # the data written first: a refusal among them takes back what was written
     with _claimed(run) as lock:
-        dropped = _write_data(
+        dropped, cut = _write_data(
             run.sft_data, records, tokenizer, chat, model_config.block_size, str(data_path)
         )
         weights = resize_embeddings(
@@ -292,8 +311,16 @@ def start(
             init_weights=weights,
             lock=lock,
         )
-    if any(dropped.values()):  # once it started: a refused start prints its one line alone
+    # once it started: a refused start prints its one line alone
+    if any(dropped.values()):
         print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
+    if cut:
+        block = model_config.block_size
+        print(
+            f"attnlab sft: {cut} record(s) longer than the context (block_size={block}) are "
+            f"trained on their last {block + 1} tokens",
+            file=sys.stderr,
+        )
     return trainer
 
 
@@ -330,6 +357,21 @@ def _claimed(run: RunDir) -> Iterator[RunLock | None]:
         if lock is not None:
             lock.release()
         raise
+
+
+def tuned_on_chatml(path: str | Path) -> bool | None:
+    """Whether the fine-tuning run at ``path`` (or whose latest/ or best/ it is) was trained on
+    ChatML (``--chat``, or records that are conversations); None where ``path`` is not such a
+    run (a pretrained model, an export: there the tokenizer alone tells)."""
+    path = Path(path).expanduser()
+    run = RunDir(path.parent if path.name in (LATEST, BEST) else path)
+    if not run.is_sft():
+        return None
+    try:
+        chat = json.loads((run.sft_data / SFT_FILE).read_text()).get("chat")
+    except (OSError, ValueError, AttributeError):  # damaged: nothing to tell from it
+        return None
+    return bool(chat) or any("messages" in r for r in load_jsonl(run.sft_data / "train.jsonl"))
 
 
 def resume(run: str | Path, overrides: list[str] | None = None, quiet: bool = False) -> Trainer:
