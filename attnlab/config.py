@@ -284,6 +284,8 @@ class TrainConfig(_Serialisable):
         MAX_BAD_STEPS  # with nan_policy="skip": stop after this many non-finite steps in a row
     )
     fsdp: bool = False
+    hsdp: bool = False  # with fsdp: shard within a node, replicate across nodes
+    sharded_checkpoints: bool = False  # with fsdp: each rank writes its shards
     dist_timeout: float = 600.0  # seconds; torch's default (30 min) hid a lost peer that long
     tensorboard: bool = True
     extra: dict[str, Any] = field(
@@ -320,6 +322,9 @@ class TrainConfig(_Serialisable):
                 f"max_bad_steps={self.max_bad_steps} needs nan_policy='skip' (it counts skipped "
                 f"steps; nan_policy={self.nan_policy!r} skips none)"
             )
+        for name in ("hsdp", "sharded_checkpoints"):  # do nothing without shards
+            if getattr(self, name) and not self.fsdp:
+                raise ConfigError(f"{name}=true needs fsdp=true (it is about FSDP's shards)")
         check_seed("seed", self.seed)
         check_seed("eval_seed", self.eval_seed)
         for name in self.field_names():  # counts torch cannot hold (negatives are refused above)

@@ -58,6 +58,11 @@ TRAIN_HELP: dict[str, str] = {
     "an overflowing gradient is the loss scaler's to skip)",
     "max_bad_steps": "with nan_policy=skip: stop after this many bad steps in a row",
     "fsdp": "shard parameters with FSDP under torchrun (else DDP)",
+    "hsdp": "with fsdp: shard each model over the ranks of one node and replicate it across "
+    "nodes (HSDP), so the per-layer all-gathers stay inside a node",
+    "sharded_checkpoints": "with fsdp: every rank writes its own shards of latest/ and best/ "
+    "(torch.distributed.checkpoint) instead of gathering them on rank 0; they resume on any "
+    "number of ranks and export as usual",
     "dist_timeout": "seconds a rank waits for its peers in a collective under torchrun before "
     "it stops the run (a hung or lost peer)",
     "tensorboard": "also write TensorBoard scalars to RUN/tb",

@@ -7,14 +7,17 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, run_cli, tiny_model, tiny_train
 
+from attnlab.train import checkpoint as ckpt
 from attnlab.train.trainer import Trainer
 
 RECIPE = dict(max_iters=8, eval_interval=4, log_interval=1)  # log every step: compare every loss
@@ -56,6 +59,12 @@ def torchrun(
         raise AssertionError(f"torchrun timed out: {err[-3000:]}") from None
     assert (proc.returncode != 0) == fails, out[-3000:] + err[-3000:]
     return err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def descendants(pid: int) -> list[int]:
@@ -139,6 +148,90 @@ def test_fsdp_matches_one_process_and_checkpoints_cross_over(
     assert_same_curves(single, fsdp, range(13))
     torchrun("train", "--resume", str(both), "max_iters=12", "fsdp=true")
     assert_same_curves(single, both, range(13))
+
+
+def sharded_run(tiny_data: Path, out: Path) -> None:
+    """2 FSDP ranks writing sharded checkpoints: every rank its shards, no model.safetensors."""
+    args = overrides(**RECIPE, fsdp=True, sharded_checkpoints=True)
+    torchrun("train", "--data", str(tiny_data), "--out", str(out), *args)
+    latest = out / "latest"
+    assert (latest / "shards" / ".metadata").is_file()
+    assert not (latest / "model.safetensors").exists()
+
+
+def test_sharded_checkpoints_export_and_resume_in_one_process(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """fsdp=true sharded_checkpoints=true: one process's curve; best/'s shards read as one
+    state_dict equal to one process's best/, export to a model folder with its logits, and the
+    run resumes in one process on one process's curve."""
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    train_tiny(single, **RECIPE)
+    sharded_run(tiny_data, sharded)
+    assert_same_curves(single, sharded, range(RECIPE["max_iters"] + 1))
+    got = ckpt.read_weights(sharded / "best")
+    for key, value in ckpt.read_weights(single / "best").items():
+        torch.testing.assert_close(got[key], value, rtol=1e-4, atol=1e-6, msg=key)
+    export = tmp_path / "export"
+    done = run_cli("export", str(sharded), "--out", str(export))  # best/, a sharded one too
+    assert done.returncode == 0, done.stderr
+    (exported, _), (reference, _) = ckpt.load_pretrained(export), ckpt.load_pretrained(single)
+    idx = torch.randint(
+        reference.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():  # the export may add <unk> and special rows: compare the model's own
+        want = reference(idx, all_logits=True)[0]
+        torch.testing.assert_close(exported(idx, all_logits=True)[0][..., : want.shape[-1]], want)
+    resume(single, 12)
+    resume(sharded, 12)
+    assert_same_curves(single, sharded, range(13))
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_resume_on_more_ranks(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """A sharded checkpoint of 2 ranks resharded to 4 on load: one process's curve."""
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    train_tiny(single, **RECIPE)
+    sharded_run(tiny_data, sharded)
+    resume(single, 12)
+    torchrun("train", "--resume", str(sharded), "max_iters=12", nproc=4)
+    assert_same_curves(single, sharded, range(13))
+
+
+@pytest.mark.slow
+def test_two_launchers_as_two_nodes_train_hsdp_on_one_processs_curve(
+    tiny_data: Path, train_tiny, tmp_path: Path
+) -> None:
+    """Two torchrun launchers on loopback (c10d rendezvous), 2 ranks each, hsdp=true: a 2-D
+    mesh (replicate over the nodes, shard within each) on one process's curve."""
+    single, hsdp = tmp_path / "single", tmp_path / "hsdp"
+    train_tiny(single, **RECIPE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    args = overrides(**RECIPE, fsdp=True, hsdp=True, sharded_checkpoints=True)
+    launcher = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=hsdp",
+    ]  # fmt: skip
+    program = ["-m", "attnlab", "train", "--data", str(tiny_data), "--out", str(hsdp), *args]
+    nodes = [
+        subprocess.Popen(
+            [*launcher, f"--node-rank={node}", *program],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for node in (0, 1)
+    ]
+    said = ""
+    for proc in nodes:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        said += out
+    assert "4 processes, HSDP (2 nodes x 2 shards)" in said
+    assert_same_curves(single, hsdp, range(RECIPE["max_iters"] + 1))
 
 
 # attnlab's CLI, with destroy_process_group refusing while a DDP wrapper is still alive

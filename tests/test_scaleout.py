@@ -27,7 +27,7 @@ from conftest import ROOT, tiny_model
 from attnlab.config import ModelConfig
 from attnlab.model import GPT, mechanisms
 from attnlab.model.mechanisms import kv_bias
-from attnlab.train import distributed
+from attnlab.train import distributed, fsdp
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 GLOBAL_BATCH, STEPS, RANKS = 4, 2, 2
@@ -142,8 +142,10 @@ def free_port() -> int:
 
 
 def rank_main(rank: int, port: int, labels: list[str], out: str, ignore_unreachable: bool) -> None:
-    """Rank ``rank`` of 2: every variant 2 steps under DDP, then under FSDP2, on its half of the
-    global batch; rank 0 saves the full state_dicts (or the error) for the parent to compare."""
+    """Rank ``rank`` of 2: every variant 2 steps under DDP, then under FSDP2 (built on the meta
+    device from rank 0's model, as the trainer does), on its half of the global batch; rank 0
+    saves the full state_dicts (FSDP's also before the first step, or the error) for the parent
+    to compare."""
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS
     )
@@ -157,14 +159,22 @@ def rank_main(rank: int, port: int, labels: list[str], out: str, ignore_unreacha
         config = tiny_model(**VARIANTS[label])
         x, y = (t[rows] for t in batch(config))
         for mode in ("ddp", "fsdp"):
-            model = build(config)
+            model = None
             try:
-                wrapped = distributed.wrap(model, env, device, fsdp=mode == "fsdp")
-                opt = optimizer(model)  # after fully_shard: over the sharded parameters
-                train_steps(wrapped, x, y, opt)
-                plain, _ = distributed.full_state(
-                    model, opt, env, mode == "fsdp", lambda config=config: GPT(config)
-                )
+                if mode == "ddp":
+                    model = distributed.wrap(build(config), env, device)
+                else:
+                    model = fsdp.build(config, build(config) if rank == 0 else None, device)
+                    opt = optimizer(model)
+                    plain, _ = fsdp.full_state(model, opt, rank == 0, lambda c=config: GPT(c))
+                    if rank == 0:
+                        results[f"{label}/init"] = plain.state_dict()
+                opt = optimizer(model)  # under FSDP: over the sharded parameters
+                train_steps(model, x, y, opt)
+                if mode == "ddp":
+                    plain = model.module if rank == 0 else None
+                else:
+                    plain, _ = fsdp.full_state(model, opt, rank == 0, lambda c=config: GPT(c))
                 if rank == 0:
                     results[f"{label}/{mode}"] = {
                         k: v.clone() for k, v in plain.state_dict().items()
@@ -172,8 +182,6 @@ def rank_main(rank: int, port: int, labels: list[str], out: str, ignore_unreacha
             except RuntimeError as e:
                 results[f"{label}/{mode}"] = str(e).splitlines()[0]
                 break  # the ranks may no longer agree on where they are; stop this variant
-            finally:
-                del model
     if rank == 0:
         torch.save(results, out)
     torch.distributed.destroy_process_group()
@@ -207,6 +215,10 @@ QUICK = ("kv-bias", "kv-bias-m_gate_detached", "boosted-boost_gate=scalar", "all
 def test_variants_take_one_process_steps_under_ddp_and_fsdp(labels, tmp_path: Path) -> None:
     results = run_ranks(list(labels), tmp_path)
     for label in labels:
+        init = build(tiny_model(**VARIANTS[label])).state_dict()
+        got = results.get(f"{label}/init")
+        assert isinstance(got, dict), f"{label}: FSDP's meta-device build failed"
+        assert all(torch.equal(got[k], init[k]) for k in init), f"{label}: FSDP's init differs"
         reference = one_process(tiny_model(**VARIANTS[label]))
         for mode in ("ddp", "fsdp"):
             got = results[f"{label}/{mode}"]
@@ -360,3 +372,36 @@ def test_the_default_data_is_prepared_once_by_concurrent_ranks(tmp_path: Path) -
     assert sum(e.count("preparing the shipped corpus") for e in errs) == 1
     assert (tmp_path / "data" / "meta.json").is_file()
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("field", ["hsdp", "sharded_checkpoints"])
+def test_shard_options_without_fsdp_are_refused(field: str) -> None:
+    from attnlab.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=rf"^{field}=true needs fsdp=true"):
+        TrainConfig(**{field: True})
+    assert getattr(TrainConfig(fsdp=True, **{field: True}), field)
+
+
+def test_hsdp_needs_equal_nodes() -> None:
+    """Refused before any mesh is built (a 2-D mesh of unequal nodes does not exist)."""
+    with pytest.raises(fsdp.AttnlabError, match="5 ranks do not divide into nodes of 2"):
+        fsdp.mesh("cpu", 5, 2, hybrid=True)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process is meant
+def test_a_sharded_checkpoint_missing_a_weight_is_one_line(tmp_path: Path) -> None:
+    """Read for export in one process: all weights resharded into one state_dict; one missing
+    weight would keep uninitialised memory, so it is refused, naming it."""
+    import torch.distributed.checkpoint as dcp
+
+    config = tiny_model()
+    sd = build(config).state_dict()
+    dcp.save({"model": sd}, checkpoint_id=str(tmp_path / "whole"), no_dist=True)
+    got = fsdp.read_shard_weights(tmp_path / "whole", config)
+    assert all(torch.equal(got[k], sd[k]) for k in sd)
+    cut = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    cut.pop("transformer.wte.weight")  # tied: one tensor under both names
+    dcp.save({"model": cut}, checkpoint_id=str(tmp_path / "cut"), no_dist=True)
+    with pytest.raises(fsdp.AttnlabError, match=r"sharded checkpoint does not load \(no "):
+        fsdp.read_shard_weights(tmp_path / "cut", config)

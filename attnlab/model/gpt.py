@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -167,6 +168,18 @@ class GPT(nn.Module):
         # step already has one position)
         return self.lm_head(x if all_logits or t == 1 else x[:, -1:, :]), None
 
+    def materialise(self, device: str | torch.device) -> GPT:
+        """Storage on ``device`` for a model built on the meta device (values undefined until
+        loaded), with the embedding tie and the non-persistent rotary tables restored: the
+        tables are derived from the config, so no state_dict carries them."""
+        self.to_empty(device=device)
+        if self.config.tie_embeddings and self.lm_head.weight is not self.transformer.wte.weight:
+            self.transformer.wte.weight = self.lm_head.weight
+        if self.rotary is not None:
+            c = self.config
+            self.rotary = Rotary(c.head_dim, c.block_size, c.rope_theta).to(device)
+        return self
+
     def unreachable_parameters(self) -> list[str]:
         """Names of the parameters no loss reaches (they never get a gradient): the last block's
         purpose gate, say, whose M no block reads. Found by one two-token forward and backward
@@ -226,12 +239,14 @@ class GPT(nn.Module):
         eos_token_id: int | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        suppress_tokens: Sequence[int] = (),
     ) -> torch.Tensor:
         """The prompt ``idx`` [B, T] followed by up to max_new_tokens sampled tokens.
 
         temperature 0 is greedy; top_k / top_p filter before sampling; rows that produce
         ``eos_token_id`` stop (and are padded with it until every row has); the KV cache gives
-        the same tokens as recomputing the whole context (see attnlab.model.generation).
+        the same tokens as recomputing the whole context (see attnlab.model.generation);
+        ``suppress_tokens`` are never drawn.
         """
         return generate(
             self,
@@ -243,4 +258,5 @@ class GPT(nn.Module):
             eos_token_id=eos_token_id,
             use_cache=use_cache,
             generator=generator,
+            suppress_tokens=suppress_tokens,
         )

@@ -68,25 +68,26 @@ def check_fits(
     batch_size: int | None = None,
     what: str = "the model",
     ranks: int = 1,
-    sharded: bool = False,
+    shards: int = 1,
     sharing: int = 1,
 ) -> None:
     """Raise (naming the memory needed) if ``config`` cannot fit on ``device``.
 
     Under torchrun ``batch_size`` is the global batch: each of the ``ranks`` processes runs its
-    share, and under FSDP (``sharded``) holds a 1/ranks share of the weights and optimizer
-    state. ``sharing``: the processes that share this device's memory (the ranks of one host,
-    for the CPU's RAM).
+    share, and under FSDP holds a 1/``shards`` share of the weights and optimizer state (shards:
+    the world size, or the ranks of one node under HSDP). ``sharing``: the processes that share
+    this device's memory (the ranks of one host, for the CPU's RAM).
     """
     device = torch.device(device)
     have = device_memory(device)
     per_rank = -(-batch_size // ranks) if batch_size is not None else None
-    need = sharing * memory_needed(config, per_rank, ranks if sharded else 1)
+    need = sharing * memory_needed(config, per_rank, shards)
     if have is None or need <= have:
         return
     task = f"to train with batch_size={batch_size}" if batch_size is not None else "for the weights"
     if ranks > 1 and batch_size is not None:
-        task += f" ({per_rank} rows on each of {ranks} ranks{', sharded' if sharded else ''})"
+        split = f", weights sharded {shards} ways" if shards > 1 else ""
+        task += f" ({per_rank} rows on each of {ranks} ranks{split})"
     # "more than": parameter_count leaves out the norms (and mechanisms), which every model has
     raise AttnlabError(
         f"{what} cannot fit: more than {parameter_count(config):,} parameters need at least "

@@ -34,10 +34,17 @@ from safetensors.torch import save
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import fsync_tree, holds_only, no_space_message, remove_stale_temps, swap_in
+from attnlab.fsutil import (
+    check_manifest,
+    fsync_tree,
+    holds_only,
+    no_space_message,
+    remove_stale_temps,
+    swap_in,
+    write_manifest,
+)
 from attnlab.model import GPT
 from attnlab.model.hf_map import config_from_hf, state_dict_from_hf
-from attnlab.model.layers import Rotary
 from attnlab.model.memory import check_fits
 from attnlab.rundir import BEST, LATEST, checkpoint_problem
 
@@ -48,6 +55,11 @@ TOKENIZER = "tokenizer.json"
 MODEL_FILES = (CONFIG, TOKENIZER, WEIGHTS)  # a model folder: write_model_folder's files
 TRAIN_CONFIG = "train_config.json"
 TRAINER_STATE = "trainer_state.pt"
+SHARDS = (
+    "shards"  # a sharded checkpoint's weights and optimizer state (torch.distributed.checkpoint)
+)
+SHARD_METADATA = ".metadata"  # the file torch.distributed.checkpoint writes last
+CHECKPOINT_KIND = "checkpoint"  # the kind its manifest (attnlab.fsutil) names
 ASIDE = ".old"
 DIGEST_KEY = "attnlab.sha256"  # safetensors metadata entry holding weights_digest()
 # safetensors metadata entries holding the sha256 of the folder's other files, checked on load
@@ -100,6 +112,22 @@ def file_digests(folder: Path) -> dict[str, str]:
     }
 
 
+def weights_record(folder: Path) -> dict[str, Any]:
+    """What a model folder's manifest (attnlab.fsutil) adds: the weights' sha256 and those of
+    the config.json and tokenizer.json they were saved with, from model.safetensors' metadata.
+    Read back without hashing the file, it tells another model's weights of the same size (a
+    copy that kept its old time) from the folder's own."""
+    path = folder / WEIGHTS
+    if not path.is_file():  # an export of graphs only
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    names = {DIGEST_KEY: "sha256", **{k: name for name, k in FILE_DIGEST_KEYS.items()}}
+    return {
+        "weights": {"file": WEIGHTS, **{v: metadata[k] for k, v in names.items() if k in metadata}}
+    }
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Write a file with plain file I/O, so a full disk is an OSError naming its reason."""
     with path.open("wb") as f:
@@ -116,10 +144,20 @@ def refuse_run_checkpoint(out: Path) -> None:
 
 def write_model_folder(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
     """config.json (+ tokenizer.json) + model.safetensors, which records both files' sha256."""
+    _write_config(folder, model, tokenizer)
+    write_weights(model, folder / WEIGHTS)
+
+
+def _write_config(folder: Path, model: torch.nn.Module, tokenizer: Any | None) -> None:
     (folder / CONFIG).write_text(model.config.to_json())
     if tokenizer is not None:
         tokenizer.save(folder / TOKENIZER)
-    write_weights(model, folder / WEIGHTS)
+
+
+def shards_of(folder: Path) -> Path | None:
+    """The checkpoint's shards/ (written by every rank under sharded_checkpoints), or None."""
+    shards = folder / SHARDS
+    return shards if (shards / SHARD_METADATA).is_file() else None
 
 
 def save_checkpoint(
@@ -128,8 +166,12 @@ def save_checkpoint(
     tokenizer: Any | None = None,
     train_config: TrainConfig | None = None,
     trainer_state: dict[str, Any] | None = None,
+    shards: Path | None = None,
 ) -> Path:
-    """Atomically (re)write ``folder`` as a checkpoint; an error leaves the old one intact."""
+    """Atomically (re)write ``folder`` as a checkpoint; an error leaves the old one intact.
+
+    ``shards``: a folder of fsdp.save_shards (every rank's part of the weights and optimizer
+    state), moved in as ``shards/`` in place of model.safetensors."""
     folder = Path(folder)
     save_number = next(_SAVES)
     remove_stale_temps(folder)  # left by a killed process
@@ -138,7 +180,11 @@ def save_checkpoint(
     aside = folder.parent / f"{folder.name}{ASIDE}"
     try:
         tmp.mkdir(parents=True)
-        write_model_folder(tmp, model, tokenizer)
+        if shards is None:
+            write_model_folder(tmp, model, tokenizer)
+        else:
+            _write_config(tmp, model, tokenizer)
+            shards.rename(tmp / SHARDS)
         _kill_hook("write", save_number)
         if train_config is not None:
             (tmp / TRAIN_CONFIG).write_text(train_config.to_json())
@@ -146,6 +192,7 @@ def save_checkpoint(
             buffer = io.BytesIO()
             torch.save(trainer_state, buffer)
             write_bytes(tmp / TRAINER_STATE, buffer.getvalue())
+        write_manifest(tmp, CHECKPOINT_KIND, weights_record(tmp))  # last: the files are complete
         fsync_tree(tmp)
         # the old checkpoint waits at ``aside`` (where checkpoint_dir looks after a crash) and
         # is renamed back if the swap fails
@@ -183,13 +230,17 @@ def checkpoint_dir(folder: str | Path) -> Path | None:
     """The complete checkpoint at ``folder``, or its aside copy if a crash hit mid-swap."""
     folder = Path(folder)
     for candidate in (folder, folder.parent / f"{folder.name}{ASIDE}"):
-        if (candidate / CONFIG).is_file() and (candidate / WEIGHTS).is_file():
+        if (candidate / CONFIG).is_file() and (
+            (candidate / WEIGHTS).is_file() or shards_of(candidate) is not None
+        ):
             return candidate
     return None
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler."""
+    """model.safetensors if present, else pytorch_model.bin through the weights-only unpickler,
+    else a sharded checkpoint's shards/ gathered into one state_dict; the folder's files are checked against its manifest first (attnlab.fsutil.check_manifest)."""
+    manifest = check_manifest(folder) or {}
     path = folder / WEIGHTS
     if path.is_file():
         try:
@@ -203,11 +254,23 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         expected = metadata.get(DIGEST_KEY)
         if expected is not None and weights_digest(sd) != expected:
             raise AttnlabError(f"{path} is corrupted: its weights do not match their sha256")
+        weights = manifest.get("weights")
+        recorded = weights.get("sha256") if isinstance(weights, dict) else None
+        if recorded is not None and expected != recorded:  # whole, but not the folder's
+            raise AttnlabError(
+                f"{path} holds other weights than the ones {folder} was written with (another "
+                "model's, copied in?); restore it, or write the folder again"
+            )
         check_file_digests(folder, metadata)
         return check_tensors(sd, path)
     path = folder / BIN_WEIGHTS
     if path.is_file():
         return check_tensors(safe_torch_load(path), path)
+    shards = shards_of(folder)
+    if shards is not None:
+        from attnlab.train import fsdp
+
+        return check_tensors(fsdp.read_shard_weights(shards, read_model_config(folder)), shards)
     raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
 
 
@@ -340,6 +403,19 @@ def model_type(folder: Path) -> str | None:
     return data.get("model_type") if isinstance(data, dict) else None
 
 
+def model_mismatch(config: ModelConfig, folder: Path) -> str | None:
+    """How ``config`` differs from the model the checkpoint ``folder`` was saved as, in words
+    ("twicing=True where FOLDER was saved with twicing=False"); None when they are alike. A
+    field without parameters (twicing) or dropout changes what the same weights compute."""
+    mine, saved = config.to_dict(), read_model_config(folder).to_dict()
+    changed = [k for k in mine if mine[k] != saved.get(k)]
+    if not changed:
+        return None
+    fields = ", ".join(f"{k}={mine[k]!r}" for k in changed)
+    theirs = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
+    return f"{fields} where {folder} was saved with {theirs}"
+
+
 def read_model_config(folder: Path) -> ModelConfig:
     """The ModelConfig of a checkpoint or of an export (attnlab, GPT-2 or Llama config.json)."""
     path = folder / CONFIG
@@ -399,12 +475,8 @@ def model_with_weights(
     """A GPT of ``config`` in eval mode holding exactly ``sd`` (strict: errors name ``source``)."""
     with torch.device("meta"):  # no random init of weights about to be overwritten
         model = GPT(config)
-    model.to_empty(device=device)
+    model.materialise(device)
     load_weights_strict(model, sd, source)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.transformer.wte.weight
-    if model.rotary is not None:  # non-persistent buffers are not in the file: rebuild them
-        model.rotary = Rotary(config.head_dim, config.block_size, config.rope_theta).to(device)
     return model.eval()
 
 

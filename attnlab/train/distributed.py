@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,11 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.errors import AttnlabError
@@ -147,22 +141,10 @@ def teardown(env: DistEnv, goodbye: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def wrap(
-    model: torch.nn.Module,
-    env: DistEnv,
-    device: torch.device,
-    fsdp: bool,
-    amp_dtype: torch.dtype | None = None,
-) -> torch.nn.Module:
-    """DDP (or FSDP2 sharding each block) around the model; the bare model when not distributed.
-
-    ``amp_dtype`` bfloat16 gives FSDP2 a mixed-precision policy: parameters all-gathered in
-    bf16 (half the traffic), gradients reduced in float32.
-    """
+def wrap(model: torch.nn.Module, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """DDP around the model; the bare model when not distributed (FSDP: see fsdp.build)."""
     if not env.enabled:
         return model
-    if fsdp:
-        return _shard(model, amp_dtype)
     ids = [device.index] if device.type == "cuda" else None
     # parameters the reference architecture keeps but no loss reaches (kv-bias's last W_gm, every
     # W_gm when M is detached): DDP would wait for their gradients ("Expected to have finished
@@ -174,51 +156,17 @@ def wrap(
     return DistributedDataParallel(model, device_ids=ids)
 
 
-def _shard(model: torch.nn.Module, amp_dtype: torch.dtype | None) -> torch.nn.Module:
-    """fully_shard per block, then the root, with two kinds of parameter left replicated:
-
-    - a 0-dim one (the boosted scalar gate's logit) has no dim 0 to shard; a hook averages its
-      gradient over the ranks;
-    - one no loss reaches (kv-bias's last W_gm) must keep no gradient, as in one process. FSDP's
-      hooks pass the block's inputs, the Context and its M included, through an autograd
-      function, which hands M, and so W_gm, a zero gradient; AdamW would then decay weights
-      that one process leaves alone. A hook drops that gradient again.
-    """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    unreachable = set(model.unreachable_parameters())
-    replicated = set()
-    for name, p in model.named_parameters():
-        if name in unreachable:
-            p.register_post_accumulate_grad_hook(_drop_grad)
-        elif p.dim() == 0:
-            p.register_post_accumulate_grad_hook(_average_grad)
-        else:
-            continue
-        replicated.add(p)
-    bf16 = amp_dtype == torch.bfloat16
-    policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32 if bf16 else None
-    )
-    for block in model.transformer.h:
-        fully_shard(block, mp_policy=policy, ignored_params=replicated)
-    fully_shard(model, mp_policy=policy, ignored_params=replicated)
-    return model
-
-
-def _average_grad(param: torch.Tensor) -> None:
-    dist.all_reduce(param.grad, op=dist.ReduceOp.AVG)
-
-
-def _drop_grad(param: torch.Tensor) -> None:
-    param.grad = None
-
-
 def sync_context(model: torch.nn.Module, sync: bool) -> contextlib.AbstractContextManager:
     """Skip DDP's gradient all-reduce on all but the last micro-step of an accumulation."""
     if sync or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()
+
+
+def barrier(env: DistEnv) -> None:
+    """Every rank waits here for the others (nothing in one process)."""
+    if env.enabled:
+        dist.barrier()
 
 
 def all_reduce(value: torch.Tensor, env: DistEnv, op: str = "avg") -> torch.Tensor:
@@ -262,67 +210,3 @@ def gather(value: Any, env: DistEnv) -> list[Any] | None:
     values: list[Any] = [None] * env.world_size
     dist.all_gather_object(values, value)
     return values
-
-
-def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Parameter names in the optimizer's own order (the ids of a plain optimizer state_dict)."""
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def rebuild_optimizer(
-    model: torch.nn.Module, make: Callable[[], torch.optim.Optimizer], state: dict[str, Any]
-) -> torch.optim.Optimizer:
-    """After fully_shard swapped every parameter: a new optimizer over the sharded ones, with
-    ``state`` (a plain, single-process optimizer state_dict, possibly empty) loaded into it."""
-    optimizer = make()
-    if state["state"]:
-        names = _param_names(model, optimizer)
-        by_name = {
-            "state": {names[i]: s for i, s in state["state"].items()},
-            "param_groups": [
-                {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
-            ],
-        }
-        set_optimizer_state_dict(
-            model, optimizer, by_name, options=StateDictOptions(full_state_dict=True)
-        )
-    return optimizer
-
-
-def full_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    env: DistEnv,
-    fsdp: bool,
-    make_model: Callable[[], torch.nn.Module],
-) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
-    """The model and optimizer state_dict as one process would hold them, on rank 0 (None elsewhere).
-
-    Under FSDP this is a collective (every rank must call it): the shards are gathered to rank 0's
-    CPU, loaded into a plain model from ``make_model`` and re-keyed to optimizer ids, so the
-    checkpoint is the same as a single process writes and resumes anywhere.
-    """
-    if not (fsdp and env.enabled):
-        return (model, optimizer.state_dict()) if env.is_main else (None, None)
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
-    if not env.is_main:
-        return None, None
-    plain = make_model()
-    plain.load_state_dict(model_sd)
-    ids = {n: i for i, n in enumerate(_param_names(model, optimizer))}
-    groups, start = [], 0
-    for group in optimizer.param_groups:
-        groups.append(
-            {
-                **{k: v for k, v in group.items() if k != "params"},
-                "params": list(range(start, start + len(group["params"]))),
-            }
-        )
-        start += len(group["params"])
-    return plain, {
-        "state": {ids[n]: s for n, s in optim_sd["state"].items()},
-        "param_groups": groups,
-    }

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import math
 import shlex
+import shutil
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,18 +203,28 @@ class Trainer:
             self.device = torch.device("cuda", self.dist.local_rank)
         reset_peak_memory(self.device)  # this run's peak, not an earlier one's in this process
 
+        self.sharded = train_config.fsdp and self.dist.enabled
+        shards = self.dist.local_world_size if train_config.hsdp else self.dist.world_size
         check_fits(
             model_config,
             self.device,
             train_config.batch_size,
             ranks=self.dist.world_size,
-            sharded=train_config.fsdp,
+            shards=shards if self.sharded else 1,
             sharing=self.dist.local_world_size if self.device.type == "cpu" else 1,
         )
         torch.manual_seed(train_config.seed)  # nanoGPT's init stream
-        self.model = GPT(model_config).to(self.device)
-        if init_weights is not None and resumed is None:
-            ckpt.load_weights_strict(self.model, init_weights, "init_weights")
+        # under FSDP the whole model exists only on rank 0's CPU, as the source of the shards
+        # (_distribute); the other ranks hold its shape on the meta device until then
+        if self.sharded and not self.dist.is_main:
+            with torch.device("meta"):
+                self.model = GPT(model_config)
+        else:
+            self.model = GPT(model_config).to("cpu" if self.sharded else self.device)
+            if init_weights is not None and resumed is None:
+                ckpt.load_weights_strict(self.model, init_weights, "init_weights")
+        self._resume_optimizer: dict[str, Any] | None = None  # latest/'s, for FSDP's shards
+        self._resume_shards: Path | None = None  # a sharded latest/, loaded once distributed
         if self.dist.rank:  # rank 0 goes on with nanoGPT's stream; the others draw other masks
             torch.manual_seed(distributed.rank_stream_seed(train_config.seed, self.dist.rank, 0))
 
@@ -223,7 +236,7 @@ class Trainer:
                 self.device.type,
             )
 
-        self.optimizer = make_optimizer()
+        self.optimizer = make_optimizer()  # under FSDP made again over the shards
         self.sampler, self.val_batches = (batches or Trainer.token_batches)(self)
         self.batches_vary = batches is not None  # e.g. SFT examples padded per batch
         self.state = TrainState()
@@ -248,14 +261,31 @@ class Trainer:
             self._load_latest(resumed)
         elif self.dist.is_main:
             self._start_run_dir()
-        self.wrapped = distributed.wrap(
-            self.model, self.dist, self.device, train_config.fsdp, self.amp_dtype
-        )
-        if train_config.fsdp and self.dist.enabled:  # fully_shard swapped in sharded parameters
-            self.optimizer = distributed.rebuild_optimizer(
-                self.model, make_optimizer, self.optimizer.state_dict()
-            )
+        self._distribute(make_optimizer)
         self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
+
+    def _distribute(self, make_optimizer: Callable[[], torch.optim.Optimizer]) -> None:
+        """DDP around the model, or FSDP's shards in its place (rank 0's model their source)
+        with an optimizer over them; then what a sharded latest/ holds, resharded to this run."""
+        if self.sharded:
+            from attnlab.train import fsdp
+
+            env, cfg = self.dist, self.cfg
+            mesh = fsdp.mesh(self.device.type, env.world_size, env.local_world_size, cfg.hsdp)
+            source = self.model if env.is_main else None
+            self.model = fsdp.build(self.model_config, source, self.device, self.amp_dtype, mesh)
+            del source
+            self.optimizer = make_optimizer()
+            if self._resume_optimizer is not None:
+                fsdp.load_optimizer(self.model, self.optimizer, self._resume_optimizer)
+            self.wrapped = self.model
+        else:
+            self.wrapped = distributed.wrap(self.model, self.dist, self.device)
+        if self._resume_shards is not None:
+            from attnlab.train import fsdp
+
+            fsdp.load_shards(self.model, self.optimizer, self._resume_shards)
+        self._resume_optimizer = self._resume_shards = None
 
     def token_batches(self) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Random training windows of the token stream and the fixed validation batches."""
@@ -328,10 +358,28 @@ class Trainer:
         change = self.data.changed_since(run_config.data_splits)
         if change:  # same tokenizer, other text: prepared again with another split or corpus
             raise AttnlabError(f"cannot resume {self.run_dir}: {wrong} ({change}); {fix}")
-        ckpt.load_weights_strict(self.model, ckpt.read_weights(folder), str(folder))
+        # first: its config.json is checked with them (read on every rank, so that every rank
+        # refuses what one refuses); a sharded latest/ is read once the model is distributed
+        shards = ckpt.shards_of(folder)
+        weights = ckpt.read_weights(folder) if shards is None else None
+        # config.json edited to another model (twicing=true, another dropout): the same weights
+        # would go on as this run computing something else
+        edited = ckpt.model_mismatch(self.model_config, folder)
+        if edited:
+            raise AttnlabError(
+                f"cannot resume {self.run_dir}: {self.run_folder.config} says {edited}; restore "
+                "it, or start a new run from the checkpoint (train --init-from) with those fields"
+            )
+        on_meta = self.sharded and not self.dist.is_main  # FSDP's source is rank 0's model
+        if weights is not None and not on_meta:
+            ckpt.load_weights_strict(self.model, weights, str(folder))
+        self._resume_shards = shards
         saved = ckpt.read_trainer_state(folder)
         try:
-            self.optimizer.load_state_dict(saved["optimizer"])
+            if shards is None and self.sharded:  # into the shards, once there are shards
+                self._resume_optimizer = saved["optimizer"]
+            elif shards is None:
+                self.optimizer.load_state_dict(saved["optimizer"])
             self.sampler.load_state_dict(saved["sampler"])
             torch.set_rng_state(saved["torch_rng"])
             if saved.get("scaler"):  # older checkpoints, and runs not in float16, have none
@@ -375,12 +423,29 @@ class Trainer:
         # collectives first: every rank's dropout stream, and under FSDP every rank's shards
         cuda = torch.cuda.get_rng_state() if self.device.type == "cuda" else None
         rank_rng = distributed.gather({"torch": torch.get_rng_state(), "cuda": cuda}, self.dist)
-        model, optimizer_state = distributed.full_state(
-            self.model, self.optimizer, self.dist, self.cfg.fsdp, lambda: GPT(self.model_config)
-        )
+        main, shards = self.dist.is_main, None
+        if not self.sharded:
+            model, optimizer_state = (
+                (self.model, self.optimizer.state_dict()) if main else (None, None)
+            )
+        elif self.cfg.sharded_checkpoints:  # each rank writes its own part
+            from attnlab.train import fsdp
+
+            shards = self.run_dir / f".{name}.shards"  # moved into the checkpoint by rank 0
+            if main:  # a killed save's leftovers
+                shutil.rmtree(shards, ignore_errors=True)
+            distributed.barrier(self.dist)
+            fsdp.save_shards(self.model, self.optimizer, shards)
+            model, optimizer_state = (self.model, {}) if main else (None, None)
+        else:
+            from attnlab.train import fsdp
+
+            model, optimizer_state = fsdp.full_state(
+                self.model, self.optimizer, main, functools.partial(GPT, self.model_config)
+            )
         if model is None:
             return
-        self._write_checkpoint(name, model, optimizer_state, self._stream_state(), rank_rng)
+        self._write_checkpoint(name, model, optimizer_state, self._stream_state(), rank_rng, shards)
 
     def _stream_state(self) -> dict[str, Any]:
         """Where the batch stream and rank 0's dropout stream stand now."""
@@ -396,9 +461,10 @@ class Trainer:
         optimizer_state: dict[str, Any],
         streams: dict[str, Any],
         rank_rng: list[dict[str, Any]] | None,
+        shards: Path | None = None,
     ) -> None:
         trainer_state = {
-            "optimizer": optimizer_state,
+            "optimizer": optimizer_state,  # empty when the shards hold it
             **streams,
             "scaler": self.scaler.state_dict(),  # float16's loss scale: empty when unused
             "state": self.state.__dict__,
@@ -406,7 +472,7 @@ class Trainer:
         if rank_rng is not None:  # rank 0's is torch_rng; the others resume theirs from here
             trainer_state["rank_rng"] = rank_rng
         ckpt.save_checkpoint(
-            self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state
+            self.run_dir / name, model, self.data.tokenizer, self.cfg, trainer_state, shards
         )
 
     def _after_lost_peer(self) -> str:
@@ -445,7 +511,10 @@ class Trainer:
         sharding = ""
         if cfg.fsdp:  # recorded either way: say when it does nothing
             one = ", fsdp=true: nothing to shard in one process"
-            sharding = ", FSDP" if self.dist.enabled else one
+            env = self.dist
+            nodes = env.world_size // env.local_world_size
+            hybrid = f", HSDP ({nodes} nodes x {env.local_world_size} shards)"
+            sharding = (hybrid if cfg.hsdp else ", FSDP") if env.enabled else one
         lines = [
             f"data:     {self.data.dir}: {meta['train_tokens']:,} train / "
             f"{meta['val_tokens']:,} val tokens, vocab {meta['vocab_size']:,} "
