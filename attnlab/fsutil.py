@@ -191,15 +191,21 @@ def _parse_manifest(path: Path) -> dict[str, Any] | None:
 def read_manifest(folder: Path, flag: str = "--out") -> dict[str, Any] | None:
     """``folder``'s manifest, or None if it has none; a damaged one is refused in one line (it
     alone says what in the folder attnlab may delete)."""
+    return _manifest_at(
+        folder,
+        f"what attnlab wrote in {folder} is unknown; pass --overwrite to replace the folder "
+        f"whole, or choose another {flag}",
+    )
+
+
+def _manifest_at(folder: Path, if_damaged: str) -> dict[str, Any] | None:
+    """``folder``'s parsed manifest, None without one; a damaged one refused: "damaged, so ..."."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
     data = _parse_manifest(path)
     if data is None:
-        raise AttnlabError(
-            f"{path} is damaged, so what attnlab wrote in {folder} is unknown; pass --overwrite "
-            f"to replace the folder whole, or choose another {flag}"
-        )
+        raise AttnlabError(f"{path} is damaged, so {if_damaged}")
     return data
 
 
@@ -213,14 +219,10 @@ def check_manifest(folder: Path, full: bool = False) -> dict[str, Any] | None:
     that needs it (an export's unused formats may be deleted). A damaged manifest is refused;
     one of an older attnlab (names only) has nothing to check.
     """
-    path = folder / MANIFEST
-    if not path.is_file():
-        return None
-    data = _parse_manifest(path)
+    data = _manifest_at(folder, f"what {folder} should hold is unknown; write the folder again")
     if data is None:
-        raise AttnlabError(
-            f"{path} is damaged, so what {folder} should hold is unknown; write the folder again"
-        )
+        return None
+    path = folder / MANIFEST
     written = path.stat().st_mtime_ns
     fix = "restore it, or write the folder again"
     for name, recorded in (data.get("files") or {}).items():
