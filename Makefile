@@ -47,8 +47,8 @@ $(LMEVAL)/.installed: constraints.txt
 	touch $@
 
 test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed
-	ATTNLAB_OPTIMUM_PYTHON=$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(LMEVAL)/bin/python \
-		ATTNLAB_HF_PYTHON=$(LMEVAL)/bin/python \
+	ATTNLAB_OPTIMUM_PYTHON=$(CURDIR)/$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
+		ATTNLAB_HF_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
 		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/test_onnx_ecosystem.py \
 		tests/test_hf_ecosystem.py
-	ATTNLAB_HF_PYTHON=$(HF4)/bin/python $(BIN)/python -m pytest -q tests/test_hf_ecosystem.py
+	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/test_hf_ecosystem.py
