@@ -14,8 +14,8 @@ import errno
 import functools
 import gc
 import math
+import os
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -41,7 +41,7 @@ from attnlab.device import (
     synchronize,
 )
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import no_space_message
+from attnlab.fsutil import no_space_message, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.rundir import BEST, LATEST, RunConfig, RunDir, RunLock
@@ -431,9 +431,13 @@ class Trainer:
         elif self.cfg.sharded_checkpoints:  # each rank writes its own part
             from attnlab.train import fsdp
 
-            shards = self.run_dir / f".{name}.shards"  # moved into the checkpoint by rank 0
-            if main:  # a killed save's leftovers
-                shutil.rmtree(shards, ignore_errors=True)
+            # named by rank 0's PID (fsutil's temporary-folder convention) and moved into the
+            # checkpoint by rank 0; a killed rank 0's leftovers are removed, nothing else
+            staging = self.run_dir / f"{name}-shards"
+            pid = distributed.from_rank0(os.getpid(), self.dist)
+            shards = staging.parent / f".{staging.name}.tmp-{pid}"
+            if main:
+                remove_stale_temps(staging)
             distributed.barrier(self.dist)
             fsdp.save_shards(self.model, self.optimizer, shards)
             model, optimizer_state = (self.model, {}) if main else (None, None)
