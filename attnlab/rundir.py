@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import process_alive, write_json
+from attnlab.fsutil import fsync, fsync_tree, process_alive, remove_stale_temps, write_json
 
 try:
     import fcntl
@@ -319,6 +320,30 @@ def shared_data_dir(runs: list[str] | list[Path], data: str | Path | None = None
         listed = ", ".join(f"{run}: {d}" for run, d in known.items() if d)
         raise AttnlabError(f"the runs were trained on different data ({listed}); pass --data")
     return next((d for d in known.values() if d), None)
+
+
+def copy_run(source: str | Path, dest: str | Path) -> None:
+    """Copy the run in ``source`` to the new folder ``dest``, whole or not at all.
+
+    The copy is written under ``.DEST.tmp-PID`` (removed by ``remove_stale_temps`` should this
+    process die) and renamed in once complete; the source's lock file stays behind. A run
+    records no path of its own folder, so the copy reads, resumes and exports as the original.
+    """
+    source, dest = Path(source), Path(dest)
+    if os.path.lexists(dest):
+        raise AttnlabError(f"{dest} exists; a run is only copied into a new folder")
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(LOCK_FILE))
+        fsync_tree(tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync(dest.parent)
 
 
 def finished_summary(folder: str | Path) -> dict | None:

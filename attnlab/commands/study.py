@@ -48,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "refused otherwise",
     )
     p.add_argument(
+        "--reuse-from",
+        action="append",
+        metavar="STUDY_DIR",
+        help="another study folder (repeatable): a run it trained identically (the same "
+        "preset, resolved model and training config, data and seed) is copied in, not trained",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help=f"train nothing: rebuild {output.REPORT}, {output.RESULTS_JSON}, "
@@ -82,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 ("--data", args.data),
                 ("--variants", args.variants),
                 ("--allow-mixed-commits", args.allow_mixed_commits),
+                ("--reuse-from", args.reuse_from),
                 ("--jobs", args.jobs != 1),
             )
             if value
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda line: print(line, flush=True),
         command=command,
         allow_mixed_commits=args.allow_mixed_commits,
+        reuse_from=args.reuse_from,
     )
     failed = sum(r["status"] == "failed" for r in result["runs"])
     print(

@@ -251,6 +251,20 @@ def setup_differences(job: Job) -> list[str]:
     return diffs + ([f"data prepared again ({change})"] if change else [])
 
 
+def identical_run(job: Job, donors: Sequence[Path]) -> Path | None:
+    """The first finished run folder among ``donors`` (other studies' run folders) that trained
+    exactly what ``job`` would: its resolved model and training config, data and seed alike
+    (``setup_differences`` finds nothing; the variant's name and logging may differ)."""
+    for folder in donors:
+        if (
+            RunDir(folder).config.is_file()
+            and finished_summary(folder) is not None
+            and not setup_differences(replace(job, run_dir=str(folder)))
+        ):
+            return folder
+    return None
+
+
 def refuse_other_setups(jobs: Sequence[Job]) -> None:
     """Refuse, before anything trains, a study whose run folders hold runs of another setup
     (another preset, --data, spec or wall-clock budget): reusing them would pair wrong runs."""

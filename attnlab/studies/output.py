@@ -5,8 +5,8 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
     results.json   the training runs (RUN_FIELDS each) and the paired comparisons between them
     results.csv    the same runs, one row each
     study.json     what ran (spec and its text, preset, seeds, command, commit and dirty tree,
-                   packages, data provenance, resolved configs, the runs' code states) and the
-                   kind's own results
+                   packages, data provenance, resolved configs, the runs' code states, the
+                   runs copied from other studies) and the kind's own results
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 
@@ -72,9 +72,7 @@ class StudyDir:
         were overwritten), and one study at a time: two in one folder marked each other's runs
         failed and both exited 1 without a word.
         """
-        if check_out_path(self.path) and not any(
-            (self.path / name).is_file() for name in (STUDY_JSON, MARKER)
-        ):
+        if check_out_path(self.path) and not self.is_study():
             raise AttnlabError(
                 f"{self.path} is not empty and is not a study folder; choose another --out"
             )
@@ -90,6 +88,14 @@ class StudyDir:
 
     def run_dir(self, variant: str, seed: int) -> Path:
         return self.path / RUNS / variant / f"seed{seed}"
+
+    def seed_runs(self, seed: int) -> list[Path]:
+        """The run folders of seed ``seed``, every variant's, in name order."""
+        return sorted((self.path / RUNS).glob(f"*/seed{seed}"))
+
+    def is_study(self) -> bool:
+        """Whether the folder is a study's (its study.json or marker is there)."""
+        return any((self.path / name).is_file() for name in (STUDY_JSON, MARKER))
 
     def figure(self, name: str) -> Path:
         """Where the figure ``name`` is drawn (its folder is made when it is saved)."""

@@ -39,6 +39,7 @@ def run_study(
     progress: Progress | None = None,
     command: str | None = None,
     allow_mixed_commits: bool = False,
+    reuse_from: list[str | Path] | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
@@ -46,7 +47,9 @@ def run_study(
     report still cover the whole study, with every finished run of the others found in ``out``.
     ``command`` is recorded at the top of the report. Runs made at different code states (commit,
     or uncommitted diff), counting the ones this invocation trains, are refused before anything
-    is written unless ``allow_mixed_commits``. Returns results.json's content with study.json's
+    is written unless ``allow_mixed_commits``. A run another study in ``reuse_from`` trained
+    identically (preset, resolved configs, data, seed) is copied in instead of trained; its
+    code state counts as the copy's. Returns results.json's content with study.json's
     as ``study``.
     """
     if variants is not None:
@@ -70,8 +73,7 @@ def run_study(
     folder = StudyDir(out)
     seed_list = list(range(n_seeds))
     git = process_git_state()
-    if not allow_mixed_commits:
-        provenance.refuse_mixed(_code_states(spec, preset, folder, seed_list, git))
+    donors = _donors(reuse_from or [], folder)
     header = {
         "name": spec.name,
         "description": spec.description,
@@ -87,11 +89,15 @@ def run_study(
         "spec_text": spec.text,
         "mixed_commits_allowed": allow_mixed_commits,
     }
+    study = _study(
+        spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
+    )
+    if donors:
+        study.reuse.update(kind.reusable(study, donors))
+    if not allow_mixed_commits:
+        provenance.refuse_mixed(_code_states(spec, preset, folder, seed_list, git, study.reuse))
     # held until the study returns: a second study in this folder is refused
     with folder.create():
-        study = _study(
-            spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
-        )
         return study.publish(kind.run(study))
 
 
@@ -142,16 +148,38 @@ def _spec_as_run(spec: StudySpec, record: dict[str, Any]) -> tuple[StudySpec, st
     return spec, f"{spec.source} as it is now (the study recorded no spec text)"
 
 
+def _donors(paths: list[str | Path], out: StudyDir) -> list[StudyDir]:
+    """The study folders of ``--reuse-from``: each one a study's, none of them ``out``."""
+    donors = []
+    for path in paths:
+        donor = StudyDir(Path(path).expanduser())
+        if not donor.is_study():
+            raise AttnlabError(f"--reuse-from {path}: not a study folder (no {STUDY_JSON})")
+        if donor.path.resolve() == out.path.expanduser().resolve():
+            raise AttnlabError(f"--reuse-from {path} is this study's --out; name another study")
+        donors.append(donor)
+    return donors
+
+
 def _code_states(
-    spec: StudySpec, preset: str, folder: StudyDir, seeds: list[int], git: dict[str, Any]
+    spec: StudySpec,
+    preset: str,
+    folder: StudyDir,
+    seeds: list[int],
+    git: dict[str, Any],
+    reuse: dict[str, str],
 ) -> list[dict[str, Any]]:
     """The code states of the runs this invocation would report, grouped: each run folder's
-    recorded ones, and the current one for every run it would train or resume."""
+    recorded ones, a run to be copied in its donor's (``reuse``), and the current one for
+    every run it would train or resume."""
     now = (git["commit"], git["dirty"], git["diff_sha256"])
     states = {}
     for name in spec.variants:
         for seed in spec.seeds_of(name, preset, seeds):
             run_dir = folder.run_dir(name, seed)
+            if str(run_dir) in reuse:
+                states[name, seed] = provenance.run_states(reuse[str(run_dir)])
+                continue
             finished = finished_summary(run_dir) is not None
             if finished or spec.trains(name):
                 states[name, seed] = provenance.run_states(run_dir) + ([] if finished else [now])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from attnlab.errors import AttnlabError
 from attnlab.studies.output import StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.spec import StudySpec
@@ -40,6 +41,8 @@ class Study:
     progress: Progress | None
     # rewrites the study folder from an outcome; returns results.json's content and study.json's
     publish: Callable[[Outcome], dict[str, Any]]
+    # run folder -> another study's identical run, copied in instead of trained (--reuse-from)
+    reuse: dict[str, str] = field(default_factory=dict)
 
 
 class StudyKind(Protocol):
@@ -53,6 +56,11 @@ class StudyKind(Protocol):
         """Compute (or resume) every unit of work, ``study.publish`` after each; the final outcome."""
         ...
 
+    def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
+        """``{run folder: a donor study's run folder}``: the runs ``study`` would train that a
+        donor trained identically (AttnlabError for kinds that train no runs)."""
+        ...
+
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
         """The outcome again from a written results.json and study.json (``record``), training
         or measuring nothing: its statistics as this attnlab computes them."""
@@ -62,3 +70,12 @@ class StudyKind(Protocol):
         """The kind's markdown lines of report.md from the written results.json and study.json
         (``record``), drawing its figures into the study folder."""
         ...
+
+
+class TrainsNoRuns:
+    """The ``reusable`` of a kind that trains no runs: ``--reuse-from`` is refused."""
+
+    def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
+        raise AttnlabError(
+            f"--reuse-from: kind = {study.spec.kind!r} studies train no runs to reuse; leave it out"
+        )

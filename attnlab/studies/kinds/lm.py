@@ -16,11 +16,12 @@ from typing import Any
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import finished_summary
+from attnlab.rundir import copy_run, finished_summary
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
     Pace,
+    identical_run,
     planned,
     refuse_other_setups,
     run_all,
@@ -30,6 +31,7 @@ from attnlab.studies.jobs import (
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
+from attnlab.studies.output import StudyDir
 from attnlab.studies.progress import Tracker
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
@@ -67,6 +69,7 @@ class LanguageModel:
             k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
         }
         first_jobs = _jobs(study, first, {})
+        reused = {**study.out.previous().get("reused", {}), **_copy_reused(study, first_jobs)}
         # hashed once: the bins' sha256 (kept in study.json, taken again only if a bin changed)
         folders = {job.variant: job.data for job in first_jobs}
         data = provenance.data_provenance(folders.values(), study.out.previous().get("data", {}))
@@ -85,7 +88,8 @@ class LanguageModel:
                 result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
             else:
                 result = f"FAILED {row.get('error', '')}"
-            study.publish(_outcome(study, runs, {"wallclock": budgets}, folders, data))
+            kept = {"wallclock": budgets, "reused": reused}
+            study.publish(_outcome(study, runs, kept, folders, data))
             what = f"{row['variant']} seed {row['seed']}"
             tracker.done(what, result, row.get("seconds", 0), row["skipped"])
 
@@ -110,7 +114,7 @@ class LanguageModel:
                     }
                     for s in spec.seeds_of(name, study.preset, seeds)
                 ]
-        extra = {"wallclock": budgets, "analyses": run_analyses(study, runs)}
+        extra = {"wallclock": budgets, "reused": reused, "analyses": run_analyses(study, runs)}
         return _outcome(study, runs, extra, folders, data)
 
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
@@ -118,12 +122,28 @@ class LanguageModel:
         wall-clock budgets and analyses as recorded (they need the run folders)."""
         known = record.get("data") or {}
         folders = {n: c.get("data") for n, c in (record.get("configs") or {}).items()}
-        extra = {k: record[k] for k in ("wallclock", "analyses") if k in record}
+        extra = {k: record[k] for k in ("wallclock", "reused", "analyses") if k in record}
         data = provenance.data_provenance(known, known)
         return _outcome(study, results["runs"], extra, folders, data)
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         return lm_report.sections(study, results, record)
+
+    def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
+        """``{run folder: another study's run folder}`` for every run this study would start
+        (not one already begun here) that one of ``donors`` trained identically. Wall-clock
+        matched arms are left out: their budget is timed in this study."""
+        first = [
+            n for n, v in study.spec.variants.items() if not v.clock_of and study.spec.trains(n)
+        ]
+        plan = {}
+        for job in _jobs(study, first, {}):
+            if Path(job.run_dir).exists():
+                continue
+            found = identical_run(job, [r for d in donors for r in d.seed_runs(job.seed)])
+            if found is not None:
+                plan[job.run_dir] = str(found)
+        return plan
 
 
 def _outcome(
@@ -211,6 +231,21 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
     ]
     refuse_other_setups(jobs)
     return sorted(jobs, key=lambda job: finished_summary(job.run_dir) is None)  # stable
+
+
+def _copy_reused(study: Study, jobs: list[Job]) -> dict[str, str]:
+    """Copy in the runs ``study.reuse`` names (``--reuse-from``); ``{"VARIANT seed S": the
+    folder copied}`` for study.json."""
+    copied = {}
+    for job in jobs:
+        donor = study.reuse.get(job.run_dir)
+        if donor is None or Path(job.run_dir).exists():
+            continue
+        copy_run(donor, job.run_dir)
+        copied[f"{job.variant} seed {job.seed}"] = donor
+        if study.progress is not None:
+            study.progress(f"{job.variant} seed {job.seed}: copied from {donor} (trained alike)")
+    return copied
 
 
 def _considered(study: Study, name: str) -> list[int]:

@@ -41,6 +41,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "",
         *_variant_table(record["variants"], results["runs"]),
         *_convergence_lines(results["runs"]),
+        *_reused_lines(record),
         *_wallclock_lines(record),
         "## Comparisons",
         "",
@@ -146,6 +147,21 @@ def _convergence_lines(runs: list[dict[str, Any]]) -> list[str]:
     if len(measured) < len(runs):
         lines[0] += f" ({len(runs) - len(measured)} runs have no measured change.)"
     return [*lines, ""]
+
+
+def _reused_lines(record: dict[str, Any]) -> list[str]:
+    """Which runs were copied from another study (``--reuse-from``) instead of trained here."""
+    reused = record.get("reused") or {}
+    if not reused:
+        return []
+    listed = "; ".join(f"{run} from `{folder}`" for run, folder in reused.items())
+    return [
+        f"**Copied runs.** {len(reused)} run{'s' if len(reused) > 1 else ''} "
+        "came from another study that trained them identically (the same preset, resolved "
+        "model and training config, data and seed; each keeps its env.json, so its code state "
+        f"is counted below), copied by `--reuse-from`: {listed}.",
+        "",
+    ]
 
 
 def _wallclock_lines(record: dict[str, Any]) -> list[str]:

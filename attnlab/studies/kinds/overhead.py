@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from attnlab.bench import overhead
-from attnlab.studies.kinds.base import Outcome, Study
+from attnlab.studies.kinds.base import Outcome, Study, TrainsNoRuns
 from attnlab.studies.output import figure_link
 from attnlab.studies.spec import StudySpec
 
@@ -21,7 +21,7 @@ def _options(spec: StudySpec, preset: str) -> dict[str, Any]:
     return {**spec.params, **spec.scale(preset).params}
 
 
-class Overhead:
+class Overhead(TrainsNoRuns):
     """One interleaved timing of every mechanism at every width."""
 
     def check(self, spec: StudySpec, preset: str) -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 from attnlab.studies.jobs import Cell, run_all, score_cell
 from attnlab.studies.kinds import retrieval_report
-from attnlab.studies.kinds.base import Outcome, Study
+from attnlab.studies.kinds.base import Outcome, Study, TrainsNoRuns
 from attnlab.studies.progress import Tracker
 from attnlab.studies.spec import StudySpec
 from attnlab.studies.stats import holm, paired_comparison, summarize
 
 
-class Retrieval:
+class Retrieval(TrainsNoRuns):
     """Table cells per protocol, paired against each table's baseline column."""
 
     def check(self, spec: StudySpec, preset: str) -> None:
