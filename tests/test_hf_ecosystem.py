@@ -378,7 +378,7 @@ def loglikelihood(model: GPT, tok: Tokenizer, context: str, continuation: str) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "remote"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "remote"])
 def test_lm_eval_runs_an_export_out_of_the_box(exports, tmp_path: Path, name: str) -> None:
     python = os.environ.get("ATTNLAB_LMEVAL_PYTHON")
     if not python:
