@@ -81,14 +81,13 @@ def test_identical_runs_are_copied_and_the_rest_trained(
     assert first["study"]["retrained"] == 4
     out = tmp_path / "second-out"
     lines: list[str] = []
-    second = run_study(
-        load_spec(str(specs[1])),
-        "ci",
-        out,
-        data=tiny_data,
-        progress=lines.append,
-        reuse_from=[donor],
-    )
+
+    def second_study(**options: object) -> dict:
+        return run_study(
+            load_spec(str(specs[1])), "ci", out, data=tiny_data, reuse_from=[donor], **options
+        )
+
+    second = second_study(progress=lines.append)
     # plain = base, copied for both seeds; wide has no twin and trains; kv is not asked for
     assert second["study"]["retrained"] == 2
     assert _losses(second, "plain") == _losses(first, "base")
@@ -107,20 +106,11 @@ def test_identical_runs_are_copied_and_the_rest_trained(
     assert f"plain seed 0 from `{donor}/runs/base/seed0`" in report
     # a rerun trains nothing, copies nothing and still says where the runs came from
     lines.clear()
-    again = run_study(
-        load_spec(str(specs[1])),
-        "ci",
-        out,
-        data=tiny_data,
-        progress=lines.append,
-        reuse_from=[donor],
-    )
+    again = second_study(progress=lines.append)
     assert again["study"]["retrained"] == 0 and not any("copied" in line for line in lines)
     assert json.loads((out / "study.json").read_text())["reused"] == copied
     # other setups are never taken: another seed count trains seed 2 here, copies nothing new
-    more = run_study(
-        load_spec(str(specs[1])), "ci", out, data=tiny_data, seeds=3, reuse_from=[donor]
-    )
+    more = second_study(seeds=3)
     assert more["study"]["retrained"] == 2 and more["study"]["reused"] == copied
 
 
