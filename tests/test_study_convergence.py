@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnlab.errors import AttnlabError
@@ -117,6 +119,58 @@ def test_runs_report_their_convergence_and_variants_their_own_seeds(
     assert "last 20 % change (farthest seed)" in report
     assert "deep runs at most the first 1 seeds." in report and "Partial" not in report
     assert (out / "figures" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # the unigram floor: study.json's, by hand from the bins; the report names exactly the runs
+    # within 5 % of it (10 iterations of a char model end near it)
+    floor = _unigram_by_hand(tiny_data)
+    record = json.loads((out / "study.json").read_text())
+    assert record["data"][str(tiny_data)]["unigram_loss"] == pytest.approx(floor, rel=1e-12)
+    stuck = [r for r in done["runs"] if r["val_loss"] > 0.95 * floor]
+    if stuck:
+        assert f"**{len(stuck)} of {len(done['runs'])} runs ended within 5 % of it**" in report
+        assert all(
+            f"{r['variant']} seed {r['seed']} ({r['val_loss']:.4f})" in report for r in stuck
+        )
+    else:
+        assert "every run ended below it" in report
+
+
+def _unigram_by_hand(folder: Path) -> float:
+    """Mean -log p(token) over val, p the train split's add-one frequencies, token by token."""
+    meta = json.loads((folder / "meta.json").read_text())
+    train = np.fromfile(folder / "train.bin", dtype=meta["dtype"])
+    val = np.fromfile(folder / "val.bin", dtype=meta["dtype"])
+    counts = Counter(train.tolist())
+    denominator = len(train) + meta["vocab_size"]
+    return sum(-math.log((counts[t] + 1) / denominator) for t in val.tolist()) / len(val)
+
+
+def test_unigram_loss_counts_in_chunks_and_the_report_names_runs_at_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnlab.data import token_files
+    from attnlab.studies.kinds.lm_report import _unigram_lines
+
+    train = np.array([0, 0, 0, 1, 2, 2], dtype=np.uint16)
+    val = np.array([0, 1, 3], dtype=np.uint16)  # token 3 never occurs in train: add-one
+    by_hand = -(math.log(4 / 10) + math.log(2 / 10) + math.log(1 / 10)) / 3
+    monkeypatch.setattr(token_files, "_COUNT_CHUNK", 4)  # two chunks of train
+    assert token_files.unigram_loss(train, val, 4) == pytest.approx(by_hand, rel=1e-12)
+    record = {
+        "configs": {"a": {"data": "/d"}, "b": {"data": "/d"}},
+        "data": {"/d": {"unigram_loss": 6.0}},
+    }
+    runs = [
+        {"variant": "a", "seed": 0, "status": "ok", "val_loss": 5.8},  # 96.7 %: at the floor
+        {"variant": "b", "seed": 0, "status": "ok", "val_loss": 4.5},
+        {"variant": "b", "seed": 1, "status": "failed", "val_loss": None},
+    ]
+    line = _unigram_lines(runs, record)[0]
+    assert "(6.0000: the val tokens under the train split's add-one" in line
+    assert "**1 of 2 runs ended within 5 % of it**: a seed 0 (5.8000)." in line
+    assert _unigram_lines(runs[1:], record)[0].endswith(
+        "every run ended below it, the highest at 75 % of it."
+    )
+    assert _unigram_lines(runs, {"configs": record["configs"]}) == []  # an older study.json
 
 
 def test_the_curves_show_the_convergence_window(

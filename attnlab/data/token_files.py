@@ -14,6 +14,7 @@ import numpy as np
 from attnlab.errors import AttnlabError
 
 DTYPES = ("uint16", "uint32")
+_COUNT_CHUNK = 1 << 24  # tokens per bincount in unigram_loss
 
 
 def _dtype_for(vocab_size: int) -> str:
@@ -74,3 +75,19 @@ def read_tokens(path: str | Path, dtype: str, vocab_size: int | None = None) -> 
     if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
         raise AttnlabError(f"{path}: token id {int(tokens.max())} >= vocab size {vocab_size}")
     return tokens
+
+
+def unigram_loss(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
+    """The val tokens' mean cross-entropy (nats) under the train split's token frequencies
+    (add-one smoothed): the loss of a model that learned nothing but how often each token is.
+
+    Counted in chunks, so a memory-mapped split of gigabytes is never held whole.
+    """
+    counts = {}
+    for name, ids in (("train", train), ("val", val)):
+        total = np.zeros(vocab_size, dtype=np.int64)
+        for start in range(0, len(ids), _COUNT_CHUNK):
+            total += np.bincount(ids[start : start + _COUNT_CHUNK], minlength=vocab_size)
+        counts[name] = total
+    logp = np.log(counts["train"] + 1.0) - np.log(counts["train"].sum() + vocab_size)
+    return float(-(counts["val"] * logp).sum() / max(1, counts["val"].sum()))

@@ -1,5 +1,5 @@
-"""What a study was made from: package versions, its data folders (meta.json and the bins'
-sha256) and the code state (commit, dirty tree, diff hash) each of its runs trained at, read
+"""What a study was made from: package versions, its data folders (meta.json, the bins'
+sha256 and the unigram loss, the floor a run that trains at all goes below) and the code state (commit, dirty tree, diff hash) each of its runs trained at, read
 from the runs' env.json; and the refusal to mix runs of different code states."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.data.prepare import META_FILE
+from attnlab.data.token_files import read_tokens, unigram_loss
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir
 
@@ -47,9 +48,10 @@ def _sha256(path: Path) -> str:
 
 
 def data_provenance(folders: Iterable[str], known: dict[str, Any]) -> dict[str, Any]:
-    """Per prepared data folder: its meta.json and each bin's size and sha256.
+    """Per prepared data folder: its meta.json, each bin's size and sha256, and the unigram loss
+    (val tokens under train token frequencies; None where the bins cannot be read).
 
-    A bin's hash is taken from ``known`` (an earlier study.json's record) while its size and
+    A bin's hash (and the unigram loss) is taken from ``known`` (an earlier study.json's record) while its size and
     mtime are those recorded there, so a resumed study does not hash gigabytes again. A folder
     that is gone keeps its earlier record.
     """
@@ -72,8 +74,21 @@ def data_provenance(folders: Iterable[str], known: dict[str, Any]) -> dict[str, 
             same = old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
             sha = old["sha256"] if same and old.get("sha256") else _sha256(path / name)
             bins[name] = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
-        out[folder] = {"meta": meta, "bins": bins}
+        unigram = before.get("unigram_loss") if bins == before.get("bins") else None
+        out[folder] = {
+            "meta": meta,
+            "bins": bins,
+            "unigram_loss": unigram if unigram is not None else _unigram(path, meta),
+        }
     return out
+
+
+def _unigram(folder: Path, meta: dict[str, Any]) -> float | None:
+    try:
+        train, val = (read_tokens(folder / name, meta["dtype"]) for name in BINS)
+        return unigram_loss(train, val, int(meta["vocab_size"]))
+    except (AttnlabError, OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def code_state(env: dict[str, Any]) -> tuple[str | None, bool | None, str | None]:

@@ -20,6 +20,9 @@ _STYLES = ("-", "--", "-.", ":")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
+UNIGRAM_WITHIN = 0.05  # a final loss this close to the unigram loss: trained to frequencies only
+
+
 def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
     spec = study.spec
     planned = sum(len(spec.seeds_of(n, study.preset, record["seeds"])) for n in spec.variants)
@@ -41,6 +44,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "",
         *_variant_table(record["variants"], results["runs"]),
         *_convergence_lines(results["runs"]),
+        *_unigram_lines(results["runs"], record),
         *_reused_lines(record),
         *_wallclock_lines(record),
         "## Comparisons",
@@ -147,6 +151,45 @@ def _convergence_lines(runs: list[dict[str, Any]]) -> list[str]:
     if len(measured) < len(runs):
         lines[0] += f" ({len(runs) - len(measured)} runs have no measured change.)"
     return [*lines, ""]
+
+
+def _unigram_lines(runs: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
+    """The runs whose final loss sits at their data's unigram loss: a plateau the convergence
+    test passes, though the model learned no more than how often each token occurs."""
+    data = record.get("data") or {}
+    floors = {
+        name: floor
+        for name, config in (record.get("configs") or {}).items()
+        if (floor := (data.get(config.get("data")) or {}).get("unigram_loss"))
+    }
+    ended = [
+        r
+        for r in runs
+        if r.get("status") == "ok"
+        and r["variant"] in floors
+        and isinstance(r.get("val_loss"), float)
+        and math.isfinite(r["val_loss"])
+    ]
+    if not ended:
+        return []
+    stuck = [r for r in ended if r["val_loss"] > (1 - UNIGRAM_WITHIN) * floors[r["variant"]]]
+    values = ", ".join(f"{v:.4f}" for v in sorted(set(floors.values())))
+    text = (
+        "**Unigram floor.** A model that learned only how often each token occurs scores the "
+        f"data's unigram loss ({values}: the val tokens under the train split's add-one "
+        "smoothed token frequencies); "
+    )
+    if stuck:
+        named = ", ".join(f"{r['variant']} seed {r['seed']} ({r['val_loss']:.4f})" for r in stuck)
+        text += (
+            f"**{len(stuck)} of {len(ended)} runs ended within {100 * UNIGRAM_WITHIN:g} % of "
+            f"it**: {named}. They did not train past token frequencies, whatever their "
+            "convergence says."
+        )
+    else:
+        worst = max(r["val_loss"] / floors[r["variant"]] for r in ended)
+        text += f"every run ended below it, the highest at {100 * worst:.0f} % of it."
+    return [text, ""]
 
 
 def _reused_lines(record: dict[str, Any]) -> list[str]:
