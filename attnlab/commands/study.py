@@ -8,6 +8,7 @@ import sys
 
 from attnlab.errors import AttnlabError
 from attnlab.studies import SCALES, output
+from attnlab.studies.output import StudyDir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "preset, resolved model and training config, data and seed) is copied in, not trained",
     )
     p.add_argument(
+        "--publish",
+        metavar="DIR",
+        help=f"train nothing: copy the study in --out without its runs ({output.REPORT}, "
+        f"{output.RESULTS_JSON}, {output.RESULTS_CSV}, {output.STUDY_JSON}, "
+        f"{output.FIGURES}/) to DIR, e.g. results/NAME to commit; a NOTES.md there is kept",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help=f"train nothing: rebuild {output.REPORT}, {output.RESULTS_JSON}, "
@@ -75,12 +83,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.study or not args.out:
         raise AttnlabError("give a study (name or TOML file) and --out DIR, or --list")
-    from attnlab.studies.output import StudyDir
     from attnlab.studies.runner import report_study, run_study
 
     spec = load_spec(args.study)
     command = shlex.join(["attnlab", *sys.argv[1:]])
-    if args.report_only:
+    if args.report_only or args.publish:
         given = [
             flag
             for flag, value in (
@@ -94,10 +101,14 @@ def run(args: argparse.Namespace) -> int:
             )
             if value
         ]
+        mode = "--report-only" if args.report_only else "--publish"
         if given:  # each would be ignored: the study folder says what ran
-            raise AttnlabError(f"--report-only takes the study as it ran; leave out {given[0]}")
-        report_study(spec, args.out, command=command)
-        print(f"study {spec.name}: reported again in {StudyDir(args.out).report}")
+            raise AttnlabError(f"{mode} takes the study as it ran; leave out {given[0]}")
+        if args.report_only:
+            report_study(spec, args.out, command=command)
+            print(f"study {spec.name}: reported again in {StudyDir(args.out).report}")
+        if args.publish:
+            _publish(spec.name, StudyDir(args.out), args.publish)
         return 0
     if args.data and spec.kind != "lm":  # it was ignored without a word
         raise AttnlabError(
@@ -124,3 +135,14 @@ def run(args: argparse.Namespace) -> int:
         f"report in {StudyDir(args.out).report}"
     )
     return 1 if failed else 0
+
+
+def _publish(name: str, folder: StudyDir, dest: str) -> None:
+    """Copy the study ``name`` in ``folder``, without its runs, to ``dest``."""
+    held = folder.previous().get("name")
+    if held is not None and held != name:
+        raise AttnlabError(
+            f"{folder.path} holds study {held!r}, not {name!r}; name the study it holds"
+        )
+    folder.publish(dest)
+    print(f"study {name}: published in {dest} (everything but runs/)")

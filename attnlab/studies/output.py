@@ -10,6 +10,8 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 
+A published copy (``publish``, e.g. under results/) holds all of it but runs/.
+
 Retrieval and overhead studies train nothing: their results.json and results.csv have no runs.
 The JSON files are strict: a NaN (t and p of a single pair) is written as null.
 
@@ -23,11 +25,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_out_path, check_writable, write_json
+from attnlab.fsutil import check_out_path, check_writable, replace_folder, write_json
 from attnlab.rundir import RunDir, RunLock
 
 RESULTS_JSON = "results.json"
@@ -36,6 +39,8 @@ STUDY_JSON = "study.json"
 REPORT = "report.md"
 FIGURES = "figures"
 RUNS = "runs"
+# what a published copy of a study holds (``StudyDir.publish``): everything but its runs
+PUBLISHED = (REPORT, RESULTS_JSON, RESULTS_CSV, STUDY_JSON, FIGURES)
 MARKER = ".attnlab-study"  # written first: an interrupted study's folder is still its own
 LAST_FRACTION = 0.2  # the tail of a run's iterations its convergence is read over
 # at most this relative change of the val loss over that tail counts as a plateau; a loss still
@@ -131,6 +136,32 @@ class StudyDir:
             writer.writerows(results["runs"])
         tmp.replace(self.path / RESULTS_CSV)
         write_json(self.path / STUDY_JSON, _nan_to_none(study))
+
+    def publish(self, dest: str | Path) -> Path:
+        """Copy the study's report, results, study.json and figures, never its runs, to
+        ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy whole; anything else
+        already there (a hand-written NOTES.md) is kept. Returns ``dest``."""
+        dest = Path(dest).expanduser()
+        if not (self.path / STUDY_JSON).is_file():
+            raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
+        if dest.resolve() == self.path.resolve():
+            raise AttnlabError(f"--publish {dest} is the study folder itself; name another folder")
+        if check_out_path(dest, "--publish") and not StudyDir(dest).is_study():
+            raise AttnlabError(
+                f"--publish {dest} is not empty and is not a study folder; choose another folder"
+            )
+        kept = [
+            p for p in (dest.iterdir() if dest.is_dir() else []) if p.name not in (*PUBLISHED, RUNS)
+        ]
+        with replace_folder(
+            dest, "study", overwrite=True, flag="--publish", sources=[self.path], manifest=False
+        ) as tmp:
+            for source in [*(self.path / name for name in PUBLISHED), *kept]:
+                if source.is_dir():
+                    shutil.copytree(source, tmp / source.name)
+                elif source.is_file():
+                    shutil.copy2(source, tmp / source.name)
+        return dest
 
     def write_report(self, text: str) -> None:
         tmp = self.path / f"{REPORT}.tmp"

@@ -1,0 +1,105 @@
+"""`attnlab study NAME --out STUDY --publish DIR`: the study without its runs, to commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from test_bad_input import error_line
+from test_folder_safety import snapshot
+
+from attnlab.studies import output
+from attnlab.studies.runner import run_study
+from attnlab.studies.spec import load_spec
+
+SPEC = """
+name = "pair"
+description = "vanilla against a wider vanilla, tiny"
+[variants.base]
+preset = "shakespeare-char"
+[variants.wide]
+preset = "shakespeare-char"
+model = { n_embd = 40 }
+[[comparisons]]
+baseline = "base"
+variant = "wide"
+[scale.ci]
+seeds = 1
+model = { n_layer = 1, n_head = 2, n_embd = 32, block_size = 16 }
+train = { max_iters = 4, eval_interval = 2, eval_iters = 1, batch_size = 4, warmup_iters = 1, device = "cpu" }
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, Path]:
+    """A finished two-run study: (its spec file, its folder)."""
+    root = tmp_path_factory.mktemp("publish")
+    spec = root / "pair.toml"
+    spec.write_text(SPEC)
+    run_study(load_spec(str(spec)), "ci", root / "study", data=tiny_data)
+    return spec, root / "study"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_publish_copies_everything_but_the_runs_and_keeps_notes(
+    study: tuple[Path, Path], tmp_path: Path
+) -> None:
+    spec, folder = study
+    dest = tmp_path / "results" / "pair"
+    p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"study pair: published in {dest} (everything but runs/)"
+    source = {k: v for k, v in _files(folder).items() if k.split("/")[0] in output.PUBLISHED}
+    assert _files(dest) == source
+    assert {k.split("/")[0] for k in source} == set(output.PUBLISHED)  # the figures too
+    # a second publication replaces the first whole, keeping what is not the study's
+    (dest / "NOTES.md").write_text("what I noticed")
+    (dest / output.FIGURES / "old.png").write_bytes(b"a figure the study no longer draws")
+    p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
+    assert p.returncode == 0, p.stderr
+    assert _files(dest) == {**source, "NOTES.md": b"what I noticed"}
+    # the copy is a study folder: reported again from its results.json and study.json alone
+    p = run_cli("study", str(spec), "--out", str(dest), "--report-only")
+    assert p.returncode == 0, p.stderr
+    assert "Reported again by" in (dest / output.REPORT).read_text()
+
+
+@pytest.mark.parametrize(
+    "case", ["foreign-dest", "no-study", "other-study", "training-flag", "into-itself"]
+)
+def test_bad_publish_is_refused_in_one_line(
+    study: tuple[Path, Path], tmp_path: Path, case: str
+) -> None:
+    spec, folder = study
+    dest = tmp_path / "dest"
+    out = str(folder)
+    name = str(spec)
+    if case == "foreign-dest":
+        dest.mkdir()
+        (dest / "mine.txt").write_text("keep me")
+    elif case == "no-study":
+        out = str(tmp_path / "empty")
+        Path(out).mkdir()
+    elif case == "other-study":
+        name = "kv-bias"
+    elif case == "into-itself":
+        dest = folder
+    extra = ["--seeds", "2"] if case == "training-flag" else []
+    before, before_study = snapshot(tmp_path), snapshot(folder)
+    p = run_cli("study", name, "--out", out, "--publish", str(dest), *extra)
+    assert (
+        error_line(p, "study")
+        == {
+            "foreign-dest": f"--publish {dest} is not empty and is not a study folder; "
+            "choose another folder",
+            "no-study": f"{out} holds no study.json; run the study first",
+            "other-study": f"{folder} holds study 'pair', not 'kv-bias'; name the study it holds",
+            "training-flag": "--publish takes the study as it ran; leave out --seeds",
+            "into-itself": f"--publish {folder} is the study folder itself; name another folder",
+        }[case]
+    )
+    assert snapshot(tmp_path) == before and snapshot(folder) == before_study
