@@ -56,6 +56,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "preset, resolved model and training config, data and seed) is copied in, not trained",
     )
     p.add_argument(
+        "--plan",
+        action="store_true",
+        help="train nothing, write nothing: list every run the command would consider (finished, "
+        "resumes, copied, trains), time each variant's training step here and estimate the "
+        "time left",
+    )
+    p.add_argument(
         "--publish",
         metavar="DIR",
         help=f"train nothing: copy the study in --out without its runs ({output.REPORT}, "
@@ -83,10 +90,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.study or not args.out:
         raise AttnlabError("give a study (name or TOML file) and --out DIR, or --list")
-    from attnlab.studies.runner import report_study, run_study
+    from attnlab.studies.runner import plan_study, report_study, run_study
 
     spec = load_spec(args.study)
     command = shlex.join(["attnlab", *sys.argv[1:]])
+    if args.plan and (args.report_only or args.publish):
+        raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
     if args.report_only or args.publish:
         given = [
             flag
@@ -116,6 +125,19 @@ def run(args: argparse.Namespace) -> int:
         )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     preset = args.preset or "ci"
+    if args.plan:
+        plan = plan_study(
+            spec,
+            preset,
+            args.out,
+            seeds=args.seeds,
+            data=args.data,
+            variants=variants,
+            allow_mixed_commits=args.allow_mixed_commits,
+            reuse_from=args.reuse_from,
+        )
+        _print_plan(spec.name, preset, plan)
+        return 0
     result = run_study(
         spec,
         preset,
@@ -146,3 +168,32 @@ def _publish(name: str, folder: StudyDir, dest: str) -> None:
         )
     folder.publish(dest)
     print(f"study {name}: published in {dest} (everything but runs/)")
+
+
+def _print_plan(name: str, preset: str, plan: dict) -> None:
+    """The plan as a table of runs, the step times and the time left."""
+    from attnlab.studies.progress import duration
+
+    rows = plan["rows"]
+    width = max([len("variant"), *(len(r["variant"]) for r in rows)])
+    print(f"study {name} ({preset}): {len(rows)} runs")
+    print(f"{'variant':<{width}}  seed  {'iters':>6}  state")
+    for r in rows:
+        iters = "?" if r["iters"] is None else f"{r['iters']}"
+        mark = " (estimated)" if r.get("estimated") and r["iters"] is not None else ""
+        state = "trains after the wall-clock timing" if r["iters"] is None else r["state"]
+        print(f"{r['variant']:<{width}}  {r['seed']:>4}  {iters:>6}  {state}{mark}")
+    if not plan["sec_per_step"]:
+        return
+    steps = ", ".join(f"{v} {1000 * s:.0f} ms" for v, s in plan["sec_per_step"].items())
+    print(
+        f"training step timed here ({plan['threads']} threads, median of 3 after a warm-up): {steps}"
+    )
+    left = [r for r in rows if r.get("seconds_left")]
+    if not left:
+        print("nothing left to train")
+        return
+    print(
+        f"left: {len(left)} runs, about {duration(plan['seconds_left'])} one after another on "
+        "this machine as it is now (evaluation included; other work on it stretches this)"
+    )

@@ -30,12 +30,12 @@ class Tracker:
         left = self.total - self.finished
         eta = ""
         if left and self.computed:
-            eta = f", ETA {_duration(self.seconds / self.computed * left / self.parallel)}"
-        took = "finished earlier" if cached else f"{_duration(seconds)}"
+            eta = f", ETA {duration(self.seconds / self.computed * left / self.parallel)}"
+        took = "finished earlier" if cached else f"{duration(seconds)}"
         self.progress(f"[{self.finished}/{self.total}] {what}: {result} ({took}); {left} left{eta}")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"

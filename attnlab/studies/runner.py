@@ -52,6 +52,58 @@ def run_study(
     code state counts as the copy's. Returns results.json's content with study.json's
     as ``study``.
     """
+    study = _prepared(
+        spec,
+        preset,
+        out,
+        seeds,
+        jobs,
+        data,
+        variants,
+        progress,
+        command,
+        allow_mixed_commits,
+        reuse_from,
+    )
+    # held until the study returns: a second study in this folder is refused
+    with study.out.create():
+        return study.publish(KINDS[spec.kind].run(study))
+
+
+def plan_study(
+    spec: StudySpec,
+    preset: str,
+    out: str | Path,
+    seeds: int | None = None,
+    data: str | Path | None = None,
+    variants: list[str] | None = None,
+    allow_mixed_commits: bool = False,
+    reuse_from: list[str | Path] | None = None,
+    timed: bool = True,
+) -> dict[str, Any]:
+    """What ``run_study`` with these arguments would do now, writing nothing in ``out``: the
+    kind's plan (its runs and their states; ``timed``: step times and the time left). It is
+    refused where the study would be."""
+    study = _prepared(
+        spec, preset, out, seeds, 1, data, variants, None, None, allow_mixed_commits, reuse_from
+    )
+    return KINDS[spec.kind].plan(study, timed)
+
+
+def _prepared(
+    spec: StudySpec,
+    preset: str,
+    out: str | Path,
+    seeds: int | None,
+    jobs: int,
+    data: str | Path | None,
+    variants: list[str] | None,
+    progress: Progress | None,
+    command: str | None,
+    allow_mixed_commits: bool,
+    reuse_from: list[str | Path] | None,
+) -> Study:
+    """The study as ``run_study`` runs it, every refusal made and nothing written in ``out``."""
     if variants is not None:
         if not variants:  # `--variants ,` ran every variant
             raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
@@ -96,9 +148,7 @@ def run_study(
         study.reuse.update(kind.reusable(study, donors))
     if not allow_mixed_commits:
         provenance.refuse_mixed(_code_states(spec, preset, folder, seed_list, git, study.reuse))
-    # held until the study returns: a second study in this folder is refused
-    with folder.create():
-        return study.publish(kind.run(study))
+    return study
 
 
 def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -> dict[str, Any]:

@@ -61,6 +61,11 @@ class StudyKind(Protocol):
         donor trained identically (AttnlabError for kinds that train no runs)."""
         ...
 
+    def plan(self, study: Study, timed: bool = True) -> dict[str, Any]:
+        """What ``study`` would train now and, ``timed``, how long it would take, writing
+        nothing (AttnlabError for kinds that train no runs)."""
+        ...
+
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
         """The outcome again from a written results.json and study.json (``record``), training
         or measuring nothing: its statistics as this attnlab computes them."""
@@ -73,9 +78,14 @@ class StudyKind(Protocol):
 
 
 class TrainsNoRuns:
-    """The ``reusable`` of a kind that trains no runs: ``--reuse-from`` is refused."""
+    """``reusable`` and ``plan`` of a kind that trains no runs: both are refused."""
 
     def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
         raise AttnlabError(
             f"--reuse-from: kind = {study.spec.kind!r} studies train no runs to reuse; leave it out"
+        )
+
+    def plan(self, study: Study, timed: bool = True) -> dict[str, Any]:
+        raise AttnlabError(
+            f"--plan: kind = {study.spec.kind!r} studies train no runs to plan; leave it out"
         )
