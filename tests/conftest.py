@@ -40,6 +40,23 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepare(sources=[str(root / "corpus.txt")], out=root / "prepared")
 
 
+def fixed_pace(ratio: float = 1.5, iqr: tuple[float, float] = (1.4, 1.6)):
+    """A stand-in for a study's side-by-side step timing (attnlab.studies.jobs.time_steps):
+    the baseline's step 0.2 s, the mechanism's ``ratio`` times that, at once."""
+
+    def time_steps(pace, threads=None) -> dict:
+        return {
+            "baseline_sec_per_step": 0.2,
+            "mechanism_sec_per_step": round(0.2 * ratio, 9),
+            "ratio": ratio,
+            "ratio_iqr": list(iqr),
+            "reps": pace.reps,
+            "threads": 1,
+        }
+
+    return time_steps
+
+
 def tiny_model(**overrides):
     """A 2-layer, 32-wide model config; vocab comes from the data when trained."""
     from attnlab.config import ModelConfig

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, fixed_pace, run_cli
 from scipy import stats
 
 from attnlab.bench.overhead import bench_variants
@@ -264,17 +264,7 @@ def test_variants_restricts_training_not_the_results(
     a later full run timed it again and refused its own base-wallclock runs."""
     from attnlab.studies.kinds import lm, lm_report
 
-    def fixed_ratio(pace: object, threads: int | None = None) -> dict:
-        return {
-            "baseline_sec_per_step": 0.2,
-            "mechanism_sec_per_step": 0.3,
-            "ratio": 1.5,
-            "ratio_iqr": [1.4, 1.6],
-            "reps": 30,
-            "threads": 1,
-        }
-
-    monkeypatch.setattr(lm, "time_steps", fixed_ratio)  # the budget is 6 iterations, at once
+    monkeypatch.setattr(lm, "time_steps", fixed_pace())  # the budget is 6 iterations, at once
     monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)  # 0.8 s per publish
     spec_file = tmp_path / "three-arms.toml"
     spec_file.write_text(THREE_ARMS)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fixed_pace
 
 from attnlab.errors import AttnlabError
 from attnlab.studies import output
@@ -63,18 +64,7 @@ def test_runs_report_their_convergence_and_variants_their_own_seeds(
     schedule this short anneals to nothing in its last fifth) and the curves show the window."""
     from attnlab.studies.kinds import lm
 
-    monkeypatch.setattr(
-        lm,
-        "time_steps",
-        lambda pace, threads=None: {
-            "baseline_sec_per_step": 0.2,
-            "mechanism_sec_per_step": 0.3,
-            "ratio": 1.5,
-            "ratio_iqr": [1.4, 1.6],
-            "reps": 30,
-            "threads": 1,
-        },
-    )
+    monkeypatch.setattr(lm, "time_steps", fixed_pace())
     spec_file = tmp_path / "two-arms.toml"
     spec_file.write_text(_spec("[scale.ci.variants.deep]\nseeds = 1\n"))
     out = tmp_path / "study"

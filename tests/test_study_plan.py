@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import fixed_pace, run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
 
@@ -83,18 +83,7 @@ def test_a_plan_of_a_started_study_says_what_is_done(
     from attnlab.studies.kinds import lm_report
 
     monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)
-    monkeypatch.setattr(
-        lm,
-        "time_steps",
-        lambda pace, threads=None: {
-            "baseline_sec_per_step": 0.2,
-            "mechanism_sec_per_step": 0.25,
-            "ratio": 1.25,
-            "ratio_iqr": [1.2, 1.3],
-            "reps": 30,
-            "threads": 1,
-        },
-    )
+    monkeypatch.setattr(lm, "time_steps", fixed_pace(1.25, (1.2, 1.3)))
     out = tmp_path / "study"
     run_study(load_spec(str(spec)), "ci", out, data=tiny_data)
     # kv seed 1 stopped half-way (its summary gone, its curve cut at iteration 2); the kept

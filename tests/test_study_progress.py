@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fixed_pace
 from safetensors.torch import load_file
 from test_folder_safety import snapshot
 
@@ -146,14 +147,7 @@ def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
 
     def fixed_ratio(pace: jobs.Pace, threads: int | None = None) -> dict:
         timed.append(pace)
-        return {
-            "baseline_sec_per_step": 0.2,
-            "mechanism_sec_per_step": 0.3,
-            "ratio": 1.5,
-            "ratio_iqr": [1.4, 1.6],
-            "reps": pace.reps,
-            "threads": 1,
-        }
+        return fixed_pace()(pace)
 
     monkeypatch.setattr(lm, "time_steps", fixed_ratio)
     out = tmp_path / "study"

@@ -125,31 +125,24 @@ def run(args: argparse.Namespace) -> int:
         )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     preset = args.preset or "ci"
+    chosen = {
+        "seeds": args.seeds,
+        "data": args.data,
+        "variants": variants,
+        "allow_mixed_commits": args.allow_mixed_commits,
+        "reuse_from": args.reuse_from,
+    }
     if args.plan:
-        plan = plan_study(
-            spec,
-            preset,
-            args.out,
-            seeds=args.seeds,
-            data=args.data,
-            variants=variants,
-            allow_mixed_commits=args.allow_mixed_commits,
-            reuse_from=args.reuse_from,
-        )
-        _print_plan(spec.name, preset, plan)
+        _print_plan(spec.name, preset, plan_study(spec, preset, args.out, **chosen))
         return 0
     result = run_study(
         spec,
         preset,
         args.out,
-        seeds=args.seeds,
         jobs=args.jobs,
-        data=args.data,
-        variants=variants,
         progress=lambda line: print(line, flush=True),
         command=command,
-        allow_mixed_commits=args.allow_mixed_commits,
-        reuse_from=args.reuse_from,
+        **chosen,
     )
     failed = sum(r["status"] == "failed" for r in result["runs"])
     print(
