@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import tokenizers
 import torch
-from test_hf_ecosystem import LLAMA, byte_tokenizer, char_tokenizer, fitted_model
+from test_hf_ecosystem import LLAMA, TEXT, byte_tokenizer, char_tokenizer, fitted_model
 
-from attnlab.data.tokenizer import UNK
+from attnlab.data.tokenizer import UNK, Tokenizer
 from attnlab.export import export_model
-from attnlab.export.folder import GENAI_TOKENIZER_DIR
+from attnlab.export.folder import GENAI_NO_TOKENIZER, GENAI_TOKENIZER_DIR
 from attnlab.export.hf import ADDED_KEY
 from attnlab.export.onnx import (
     GENAI_CONFIG,
@@ -105,14 +105,20 @@ def genai_greedy(folder: Path, length: int) -> tuple[list[int], list[int], str]:
     model = og.Model(str(folder))
     tok = og.Tokenizer(model)
     prompt = [int(t) for t in tok.encode(PROMPT)]
+    tokens = genai_search(model, prompt, length)
+    return prompt, tokens, tok.decode(np.array(tokens, dtype=np.int32))
+
+
+def genai_search(model: object, prompt: list[int], length: int) -> list[int]:
+    """onnxruntime-genai's greedy search from token ids, up to ``length`` tokens."""
+    og = pytest.importorskip("onnxruntime_genai")
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=length, do_sample=False)
     generator = og.Generator(model, params)
     generator.append_tokens(np.array(prompt, dtype=np.int32))
     while not generator.is_done():
         generator.generate_next_token()
-    tokens = [int(t) for t in generator.get_sequence(0)]
-    return prompt, tokens, tok.decode(np.array(tokens, dtype=np.int32))
+    return [int(t) for t in generator.get_sequence(0)]
 
 
 def check_genai(made: tuple) -> None:
@@ -165,6 +171,26 @@ def test_genai_reads_the_char_tokenizer_as_transformers_does(onnx_exports) -> No
     llama = onnx_exports["llama"][2]
     assert "tokenizer_dir" not in json.loads((llama / GENAI_CONFIG).read_text())["model"]
     assert not (llama / GENAI_TOKENIZER_DIR).exists()
+
+
+def test_genai_refuses_a_word_level_bpe_tokenizer_and_runs_its_ids(tmp_path: Path) -> None:
+    """genai's tokenizer read the bpe export's tokenizer.json without a word: spaces became -1
+    and decoding kept the ``##`` pieces. Its config now names a folder that is never written,
+    so og.Tokenizer fails naming it; token ids in still give attnlab's greedy ids."""
+    og = pytest.importorskip("onnxruntime_genai")
+    tok = Tokenizer.train_bpe([(TEXT + " ") * 20], 300)
+    model = fitted_model(tok)
+    folder = tmp_path / "bpe"
+    export_model(model, tok, folder, ["safetensors", "onnx"])
+    config = json.loads((folder / GENAI_CONFIG).read_text())
+    assert config["model"]["tokenizer_dir"] == GENAI_NO_TOKENIZER
+    assert not (folder / GENAI_NO_TOKENIZER).exists()
+    genai = og.Model(str(folder))
+    with pytest.raises(RuntimeError, match=GENAI_NO_TOKENIZER):
+        og.Tokenizer(genai)
+    ids = tok.encode(PROMPT)
+    greedy = model.generate(torch.tensor([ids]), NEW_TOKENS, temperature=0.0)[0].tolist()
+    assert genai_search(genai, ids, len(greedy)) == greedy
 
 
 def test_onnx_gives_the_added_rows_minus_infinity(onnx_exports) -> None:

@@ -30,6 +30,7 @@ from attnlab.export.hf import (
     METADATA_FILES,
     TOKENIZER_CONFIG,
     ShippedTokenizer,
+    genai_reads_own,
     genai_tokenizer,
     shipped_tokenizer,
     write_metadata,
@@ -105,6 +106,10 @@ def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
 
 # the folder holding a tokenizer.json onnxruntime-genai reads, where it cannot read the export's
 GENAI_TOKENIZER_DIR = "genai_tokenizer"
+# where none would do, genai_config.json names this folder, which is never written: og.Tokenizer
+# then fails naming it (its own tokenizer would give wrong ids without a word), while a
+# generator fed token ids runs as usual
+GENAI_NO_TOKENIZER = "no-genai-tokenizer-reads-this-vocabulary-pass-token-ids"
 GENAI_TOKENIZER_FILES = (ckpt.TOKENIZER, TOKENIZER_CONFIG)
 
 
@@ -134,7 +139,12 @@ def write_onnx_folder(
             json.dumps(tokenizer_config, indent=2)
         )
     generation = json.loads((folder / GENERATION_CONFIG).read_text())
-    genai = genai_config(model, generation, GENAI_TOKENIZER_DIR if text is not None else None)
+    tokenizer_dir = None
+    if text is not None:
+        tokenizer_dir = GENAI_TOKENIZER_DIR
+    elif shipped is not None and not genai_reads_own(shipped):
+        tokenizer_dir = GENAI_NO_TOKENIZER
+    genai = genai_config(model, generation, tokenizer_dir)
     (folder / GENAI_CONFIG).write_text(json.dumps(genai, indent=2))
 
 

@@ -180,9 +180,15 @@ def shipped_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> ShippedTokenizer
 SPM_SPACE = "\u2581"
 
 
+def genai_reads_own(tokenizer: ShippedTokenizer) -> bool:
+    """Whether onnxruntime-genai's tokenizer reads the export's tokenizer.json as it is: only
+    byte-level BPE (it would read bpe's ``##`` pieces and a char vocabulary, silently wrong)."""
+    return tokenizer.kind == "bytebpe"
+
+
 def genai_tokenizer(tokenizer: ShippedTokenizer) -> str | None:
     """tokenizer.json for onnxruntime-genai where its tokenizer (onnxruntime-extensions) cannot
-    read the export's own; None where it reads that one (byte-level BPE) or none would do.
+    read the export's own; None where it reads that one (``genai_reads_own``) or none would do.
 
     A char tokenizer is written as a merge-free SentencePiece-style BPE, the form in which
     onnxruntime-extensions reads one character at a time without byte-level renaming: the
