@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from conftest import fixed_pace
 
 from attnlab.errors import AttnlabError
 from attnlab.studies import output
-from attnlab.studies.runner import run_study
+from attnlab.studies.runner import report_study, run_study
 from attnlab.studies.spec import WALLCLOCK_SUFFIX, load_spec, parse_spec
 
 
@@ -122,6 +123,22 @@ def test_runs_report_their_convergence_and_variants_their_own_seeds(
         )
     else:
         assert "every run ended below it" in report
+    # a study from before convergence was measured gains it when reported again; a run whose
+    # folder is gone keeps what results.json recorded
+    measured = {(r["variant"], r["seed"]): r["val_change_last20"] for r in done["runs"]}
+    older = json.loads((out / "results.json").read_text())
+    for r in older["runs"]:
+        r.pop("val_change_last20"), r.pop("converged")
+    gone = older["runs"][0]
+    gone["val_change_last20"], gone["converged"] = 0.5, False  # as recorded
+    (out / "results.json").write_text(json.dumps(older))
+    shutil.rmtree(gone["run_dir"])
+    again = report_study(load_spec(spec_file), out)
+    for r in again["runs"]:
+        if r["run_dir"] == gone["run_dir"]:
+            assert (r["val_change_last20"], r["converged"]) == (0.5, False)
+        else:
+            assert r["val_change_last20"] == measured[r["variant"], r["seed"]]
 
 
 def _unigram_by_hand(folder: Path) -> float:

@@ -23,7 +23,7 @@ from attnlab.data.prepare import load_dataset
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import copy_run, finished_summary
+from attnlab.rundir import RunDir, copy_run, finished_summary
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
@@ -127,13 +127,23 @@ class LanguageModel:
         return _outcome(study, runs, extra, folders, data)
 
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
-        """The comparisons and per-variant statistics again from results.json's runs; the
-        wall-clock budgets and analyses as recorded (they need the run folders)."""
+        """The comparisons and per-variant statistics again from results.json's runs, each
+        run's convergence again from its metrics.csv where its folder is still there (a study
+        made before convergence was measured gains it); the wall-clock budgets and analyses as
+        recorded (they need the run folders)."""
         known = record.get("data") or {}
         folders = {n: c.get("data") for n, c in (record.get("configs") or {}).items()}
         extra = {k: record[k] for k in ("wallclock", "reused", "analyses") if k in record}
         data = provenance.data_provenance(known, known)
-        return _outcome(study, results["runs"], extra, folders, data)
+        runs = [
+            {**r, **output.convergence(r["run_dir"], r["iters"])}
+            if r.get("status") == "ok"
+            and r.get("run_dir")
+            and RunDir(r["run_dir"]).metrics.is_file()
+            else r
+            for r in results["runs"]
+        ]
+        return _outcome(study, runs, extra, folders, data)
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
         return lm_report.sections(study, results, record)
