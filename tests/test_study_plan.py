@@ -11,7 +11,7 @@ from conftest import fixed_pace, run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
 
-from attnlab.studies.kinds import lm
+from attnlab.studies.kinds import lm, lm_plan
 from attnlab.studies.runner import plan_study, run_study
 from attnlab.studies.spec import load_spec
 
@@ -36,7 +36,7 @@ STEP = {"base": 0.2, "kv": 0.3}  # seconds per training step, as if timed
 
 @pytest.fixture()
 def spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(lm, "_step_seconds", lambda job: STEP[job.variant])
+    monkeypatch.setattr(lm_plan, "step_seconds", lambda job: STEP[job.variant])
     path = tmp_path / "clocked.toml"
     path.write_text(SPEC)
     return path

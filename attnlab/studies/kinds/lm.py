@@ -10,17 +10,13 @@ run that raises is recorded as failed (its error in results.json) while the othe
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnlab.bench.timing import synchronizer, train_step
 from attnlab.data.prepare import load_dataset
-from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import RunDir, copy_run, finished_summary
@@ -35,7 +31,7 @@ from attnlab.studies.jobs import (
     time_steps,
     train_one,
 )
-from attnlab.studies.kinds import lm_report
+from attnlab.studies.kinds import lm_plan, lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
 from attnlab.studies.output import StudyDir
@@ -45,9 +41,6 @@ from attnlab.studies.stats import holm, paired_comparison, summarize
 from attnlab.train.spec import as_overrides, configs, default_data_for
 
 WALLCLOCK_REPS = 30  # interleaved training steps per arm behind a wall-clock-matched budget
-PLAN_REPS = 3  # timed training steps per variant behind a plan's estimate (after one warm-up)
-# an evaluation batch is a forward pass: about a third of a training step's forward + backward
-EVAL_STEP_FRACTION = 1 / 3
 
 
 class LanguageModel:
@@ -166,8 +159,8 @@ class LanguageModel:
         steps: dict[str, float] = {}
         for job in jobs if timed else []:
             if model_of[job.variant] not in steps:
-                steps[model_of[job.variant]] = _step_seconds(job)
-        rows = [_plan_row(study, job, steps.get(model_of[job.variant])) for job in jobs]
+                steps[model_of[job.variant]] = lm_plan.step_seconds(job)
+        rows = [lm_plan.plan_row(study, job, steps.get(model_of[job.variant])) for job in jobs]
         for name in clocked:
             v = spec.variants[name]
             if name in budgets or not spec.trains(name):
@@ -183,7 +176,7 @@ class LanguageModel:
             for seed in spec.seeds_of(name, study.preset, study.seeds):
                 run_dir = str(study.out.run_dir(name, seed))
                 job = replace(base, variant=name, seed=seed, run_dir=run_dir, max_iters=iters)
-                row = _plan_row(study, job, steps.get(base.variant) if iters else None)
+                row = lm_plan.plan_row(study, job, steps.get(base.variant) if iters else None)
                 rows.append({**row, "iters": iters, "estimated": True})
         left = [r for r in rows if r.get("seconds_left") is not None]
         return {
@@ -299,54 +292,6 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
 
 def _budget_iters(budgets: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {name: b["iters"] for name, b in budgets.items()}
-
-
-def _step_seconds(job: Job) -> float:
-    """Median seconds of one training step of ``job``'s model, as its runs train it (batch
-    size, device, precision), after one warm-up step; random tokens of the data's vocabulary."""
-    plan = planned(job)
-    model = plan.model
-    if plan.vocab_from_data:
-        model = model.replace(vocab_size=load_dataset(job.data).meta["vocab_size"])
-    device = resolve_device(plan.train.device)
-    sync = synchronizer(device)
-    with torch.random.fork_rng(devices=[]):
-        step, _ = train_step(
-            model, plan.train.batch_size, device, amp_dtype=autocast_dtype(plan.train.dtype, device)
-        )
-        step()
-        times = []
-        for _ in range(PLAN_REPS):
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _plan_row(study: Study, job: Job, sec_per_step: float | None) -> dict[str, Any]:
-    """One run of a plan: its state, its iterations and, with a step time, the time it has left."""
-    plan = planned(job)
-    iters = plan.train.max_iters
-    done = 0
-    if finished_summary(job.run_dir) is not None:
-        state, done = "finished", iters
-    elif job.run_dir in study.reuse:
-        state, done = f"copied from {study.reuse[job.run_dir]}", iters
-    elif Path(job.run_dir).exists():
-        curve = output.val_curve(job.run_dir)
-        done = max(curve, default=0)
-        state = f"resumes near iteration {done}"
-    else:
-        state = "trains"
-    row: dict[str, Any] = {"variant": job.variant, "seed": job.seed, "iters": iters, "state": state}
-    if sec_per_step is not None and iters is not None:
-        left = iters - done
-        evals = left // plan.train.eval_interval + (1 if left else 0)
-        steps = left + evals * plan.train.eval_iters * EVAL_STEP_FRACTION
-        row["seconds_left"] = steps * sec_per_step
-    return row
 
 
 def _copy_reused(study: Study, jobs: list[Job]) -> dict[str, str]:
