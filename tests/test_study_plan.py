@@ -141,3 +141,40 @@ def test_bad_plan_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
         }[case]
     )
     assert snapshot(tmp_path) == before
+
+
+def test_step_timings_compile_where_the_runs_train_compiled(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall-clock budget's side-by-side timing and a plan's step time timed eager models
+    while the runs trained compiled (the converged qkve and gates scales): both follow the
+    runs' ``compile`` now."""
+    from conftest import tiny_model, tiny_train
+
+    from attnlab.rundir import RunConfig, RunDir
+    from attnlab.studies import jobs
+
+    asked: list[bool] = []
+
+    def fake_step(config, batch_size, device="cpu", seed=0, compile=False, amp_dtype=None):
+        asked.append(compile)
+        return (lambda: None), None
+
+    monkeypatch.setattr(jobs, "train_step", fake_step)
+    monkeypatch.setattr(lm_plan, "train_step", fake_step)
+    for compiled in (False, True):
+        folders = []
+        for arm in ("base", "mech"):
+            folder = tmp_path / f"{arm}-{compiled}"
+            folder.mkdir()
+            train = tiny_train(compile=compiled)
+            RunDir(folder).write_config(RunConfig(tiny_model(), train, str(tiny_data)))
+            folders.append(str(folder))
+        asked.clear()
+        jobs.time_steps(jobs.Pace(*folders, reps=2))
+        assert asked == [compiled, compiled]
+    spec = tmp_path / "compiled.toml"
+    spec.write_text(SPEC.replace('device = "cpu" }', 'device = "cpu", compile = true }'))
+    asked.clear()
+    plan_study(load_spec(str(spec)), "ci", tmp_path / "out", data=tiny_data)
+    assert asked == [True, True]  # base and kv; the wall-clock arm is base's model

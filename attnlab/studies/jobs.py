@@ -165,8 +165,9 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
 
 
 def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
-    """Median seconds per training step of both runs' models (their saved configs, batch size,
-    device and precision, random tokens) and the median per-repetition ratio mechanism/baseline.
+    """Median seconds per training step of both runs' models (their saved configs: batch size,
+    device, precision, torch.compile; random tokens) and the median per-repetition ratio
+    mechanism/baseline.
 
     Both arms are timed alternately in one process, so load from other work on the machine falls
     on both alike; the runs' own logged step times do not share that protection.
@@ -179,7 +180,13 @@ def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
         device = resolve_device(config.train.device)
         amp = autocast_dtype(config.train.dtype, device)
         with torch.random.fork_rng(devices=[]):  # the timing's init must not move a run's stream
-            steps[arm] = train_step(config.model, config.train.batch_size, device, amp_dtype=amp)[0]
+            steps[arm] = train_step(
+                config.model,
+                config.train.batch_size,
+                device,
+                compile=config.train.compile,  # compiled in the warm-up, as the runs trained
+                amp_dtype=amp,
+            )[0]
     timings = interleaved(steps, "baseline", pace.reps, pace.warmup, synchronizer(device))
     base, mech = timings["baseline"], timings["mechanism"]
     return {

@@ -29,7 +29,8 @@ EVAL_STEP_FRACTION = 1 / 3
 
 def step_seconds(job: Job) -> float:
     """Median seconds of one training step of ``job``'s model, as its runs train it (batch
-    size, device, precision), after one warm-up step; random tokens of the data's vocabulary."""
+    size, device, precision, torch.compile), after one warm-up step; random tokens of the
+    data's vocabulary."""
     plan = planned(job)
     model = plan.model
     if plan.vocab_from_data:
@@ -38,9 +39,13 @@ def step_seconds(job: Job) -> float:
     sync = synchronizer(device)
     with torch.random.fork_rng(devices=[]):
         step, _ = train_step(
-            model, plan.train.batch_size, device, amp_dtype=autocast_dtype(plan.train.dtype, device)
+            model,
+            plan.train.batch_size,
+            device,
+            compile=plan.train.compile,
+            amp_dtype=autocast_dtype(plan.train.dtype, device),
         )
-        step()
+        step()  # the warm-up: compiles the model where the runs train compiled
         times = []
         for _ in range(PLAN_REPS):
             sync()
