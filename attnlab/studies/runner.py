@@ -3,7 +3,9 @@
 The study folder (attnlab.studies.output) is rewritten after every finished unit of work, so an
 interrupted study shows what it has, and rerunning the same command finishes it. A study folder
 can also be reported again from its results.json and study.json alone (``report_study``), with
-the statistics and report of this attnlab, when its run folders are gone.
+the statistics and report of this attnlab, when its run folders are gone. ``plan_study`` says
+what ``run_study`` would do, and how long it would take, with every refusal made and nothing
+written; runs another study trained identically can be copied in (``reuse_from``).
 """
 
 from __future__ import annotations
