@@ -94,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.study)
     command = shlex.join(["attnlab", *sys.argv[1:]])
-    if args.plan and (args.report_only or args.publish):
+    publish = args.publish is not None  # `--publish ''` too: refused as no folder
+    if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
-    if args.report_only or args.publish:
+    if args.report_only or publish:
         given = [
             flag
             for flag, value in (
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if args.report_only:
             report_study(spec, args.out, command=command)
             print(f"study {spec.name}: reported again in {StudyDir(args.out).report}")
-        if args.publish:
+        if publish:
             _publish(spec.name, StudyDir(args.out), args.publish)
         return 0
     if args.data and spec.kind != "lm":  # it was ignored without a word

@@ -141,7 +141,11 @@ class StudyDir:
         """Copy the study's report, results, study.json and figures, never its runs, to
         ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy whole; anything else
         already there (a hand-written NOTES.md) is kept. Returns ``dest``."""
-        dest = Path(dest).expanduser()
+        given, dest = str(dest), Path(dest).expanduser()
+        if dest.name in ("", ".."):  # "", ".", "..", "/": the copy replaces the folder whole
+            raise AttnlabError(
+                f"--publish {given!r} must name a folder, not the current or parent one"
+            )
         if not (self.path / STUDY_JSON).is_file():
             raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
         if dest.resolve() == self.path.resolve():
