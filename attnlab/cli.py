@@ -90,7 +90,7 @@ def config_flags_as_overrides(
 # locale cannot decode) failed in tensorboard, JSON or tokenizers, after writing had begun
 PATH_ARGUMENTS = {
     "baseline", "ckpt", "config", "data", "folder", "meta", "model", "out", "prompt_file",
-    "resume", "run", "run_a", "run_b", "target",
+    "publish", "resume", "reuse_from", "run", "run_a", "run_b", "target",
 }  # fmt: skip
 
 
@@ -111,19 +111,22 @@ def typed_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> A
 def path_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """Why a path given to the typed command cannot be used (empty, or not UTF-8), if any."""
     for action in typed_parser(parser, args)._actions:
-        value = getattr(args, action.dest, None)
-        if action.dest not in PATH_ARGUMENTS or not isinstance(value, str):
+        given = getattr(args, action.dest, None)
+        if action.dest not in PATH_ARGUMENTS:
             continue
         flag = max(action.option_strings, key=len, default=action.metavar or action.dest)
-        if not value.strip():
-            return f"{flag} is empty; name a file or folder"
-        try:
-            value.encode()
-        except UnicodeEncodeError:  # bytes the locale could not decode arrive as surrogates
-            shown = os.fsencode(value).decode(errors="backslashreplace")
-            return f"{flag} {shown} is not valid UTF-8; name a file or folder in UTF-8"
-        if action.dest == "out" and (problem := checkpoint_problem(Path(value))) is not None:
-            return problem  # every command's output: never in a run's checkpoint
+        for value in given if isinstance(given, list) else [given]:  # a repeatable one: each
+            if not isinstance(value, str):
+                continue
+            if not value.strip():
+                return f"{flag} is empty; name a file or folder"
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # bytes the locale could not decode arrive as surrogates
+                shown = os.fsencode(value).decode(errors="backslashreplace")
+                return f"{flag} {shown} is not valid UTF-8; name a file or folder in UTF-8"
+            if action.dest == "out" and (problem := checkpoint_problem(Path(value))):
+                return problem  # every command's output: never in a run's checkpoint
     return None
 
 

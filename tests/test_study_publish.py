@@ -69,7 +69,8 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
 
 
 @pytest.mark.parametrize(
-    "case", ["foreign-dest", "no-study", "other-study", "training-flag", "into-itself", "empty"]
+    "case",
+    ["foreign-dest", "no-study", "other-study", "training-flag", "into-itself", "empty", "dot"],
 )
 def test_bad_publish_is_refused_in_one_line(
     study: tuple[Path, Path], tmp_path: Path, case: str
@@ -88,11 +89,11 @@ def test_bad_publish_is_refused_in_one_line(
         name = "kv-bias"
     elif case == "into-itself":
         dest = folder
-    elif case == "empty":  # was taken as no --publish: the study ran into --out
-        dest = Path("")
+    elif case == "dot":
+        dest = Path(".")
     extra = ["--seeds", "2"] if case == "training-flag" else []
     before, before_study = snapshot(tmp_path), snapshot(folder)
-    given = "" if case == "empty" else str(dest)
+    given = "" if case == "empty" else str(dest)  # "": taken as no --publish, the study ran
     p = run_cli("study", name, "--out", out, "--publish", given, *extra)
     assert (
         error_line(p, "study")
@@ -103,7 +104,8 @@ def test_bad_publish_is_refused_in_one_line(
             "other-study": f"{folder} holds study 'pair', not 'kv-bias'; name the study it holds",
             "training-flag": "--publish takes the study as it ran; leave out --seeds",
             "into-itself": f"--publish {folder} is the study folder itself; name another folder",
-            "empty": "--publish '' must name a folder, not the current or parent one",
+            "empty": "--publish is empty; name a file or folder",
+            "dot": "--publish '.' must name a folder, not the current or parent one",
         }[case]
     )
     assert snapshot(tmp_path) == before and snapshot(folder) == before_study

@@ -151,7 +151,9 @@ def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(
     assert not (tmp_path / "out/runs/plain/seed0" / LOCK_FILE).exists()
 
 
-@pytest.mark.parametrize("case", ["not-a-study", "itself", "report-only", "no-runs-kind"])
+@pytest.mark.parametrize(
+    "case", ["not-a-study", "itself", "report-only", "no-runs-kind", "empty", "no-variants"]
+)
 def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
     out = tmp_path / "out"
     mine = tmp_path / "mine"
@@ -165,6 +167,8 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
         "itself": ["kv-bias", "--out", str(out), "--reuse-from", str(out)],
         "report-only": ["kv-bias", "--out", str(out), "--report-only", "--reuse-from", str(out)],
         "no-runs-kind": ["gba-retrieval", "--out", str(tmp_path / "r"), "--reuse-from", str(out)],
+        "empty": ["kv-bias", "--out", str(out), "--reuse-from", str(mine), "--reuse-from", ""],
+        "no-variants": ["kv-bias", "--out", str(out), "--variants", ""],  # ran every variant
     }[case]
     if case == "no-runs-kind":
         out.mkdir()
@@ -179,6 +183,9 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
             "report-only": "--report-only takes the study as it ran; leave out --reuse-from",
             "no-runs-kind": "--reuse-from: kind = 'retrieval' studies train no runs to reuse; "
             "leave it out",
+            "empty": "--reuse-from is empty; name a file or folder",
+            "no-variants": "--variants names none; choose from vanilla-128, kv-bias-112, "
+            "kv-bias-detached, vanilla-112, vanilla-7l, vanilla-136, vanilla-128-wallclock",
         }[case]
     )
     assert snapshot(tmp_path) == before

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.study)
     command = shlex.join(["attnlab", *sys.argv[1:]])
-    publish = args.publish is not None  # `--publish ''` too: refused as no folder
+    publish = args.publish is not None
     if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
     if args.report_only or publish:
@@ -124,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError(
             f"--data: kind = {spec.kind!r} studies train on no data folder; leave it out"
         )
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
+    variants = None  # every variant; `--variants ""` names none and is refused
+    if args.variants is not None:
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     preset = args.preset or "ci"
     chosen = {
         "seeds": args.seeds,
