@@ -201,8 +201,9 @@ def _reused_lines(record: dict[str, Any]) -> list[str]:
     return [
         f"**Copied runs.** {len(reused)} run{'s' if len(reused) > 1 else ''} "
         "came from another study that trained them identically (the same preset, resolved "
-        "model and training config, data and seed; each keeps its env.json, so its code state "
-        f"is counted below), copied by `--reuse-from`: {listed}.",
+        "model and training config, logging and torch.compile aside, data and seed; each "
+        "keeps its env.json, so its code state is counted below), copied by `--reuse-from`: "
+        f"{listed}.",
         "",
     ]
 
