@@ -1,4 +1,4 @@
-"""`attnlab demo`: the first command a new user runs (README): prepare, train ~4 minutes, sample."""
+"""`attnlab demo`: the first command a new user runs (README): prepare, train a small model, sample."""
 
 from __future__ import annotations
 
