@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ from conftest import run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
 
+from attnlab.rundir import LOCK_FILE
 from attnlab.studies import output
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec
@@ -66,11 +70,29 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
     p = run_cli("study", str(spec), "--out", str(dest), "--report-only")
     assert p.returncode == 0, p.stderr
     assert "Reported again by" in (dest / output.REPORT).read_text()
+    # publishing again keeps a link as a link, and never the lock and marker the report left
+    assert (dest / output.MARKER).is_file() and (dest / LOCK_FILE).is_file()
+    (dest / "data").symlink_to(folder / "runs")
+    p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
+    assert p.returncode == 0, p.stderr
+    assert (dest / "data").is_symlink() and os.readlink(dest / "data") == str(folder / "runs")
+    assert not (dest / output.MARKER).exists() and not (dest / LOCK_FILE).exists()
 
 
 @pytest.mark.parametrize(
     "case",
-    ["foreign-dest", "no-study", "other-study", "training-flag", "into-itself", "empty", "dot"],
+    [
+        "foreign-dest",
+        "no-study",
+        "other-study",
+        "training-flag",
+        "into-itself",
+        "inside",
+        "over-a-study",
+        "over-another-copy",
+        "empty",
+        "dot",
+    ],
 )
 def test_bad_publish_is_refused_in_one_line(
     study: tuple[Path, Path], tmp_path: Path, case: str
@@ -89,6 +111,14 @@ def test_bad_publish_is_refused_in_one_line(
         name = "kv-bias"
     elif case == "into-itself":
         dest = folder
+    elif case == "inside":  # copied itself into itself until the name was too long
+        dest = folder / "figures" / "x"
+    elif case == "over-a-study":  # its runs were deleted
+        dest = tmp_path / "other"
+        shutil.copytree(folder, dest)
+    elif case == "over-another-copy":
+        dest.mkdir()
+        (dest / "study.json").write_text(json.dumps({"name": "gates"}))
     elif case == "dot":
         dest = Path(".")
     extra = ["--seeds", "2"] if case == "training-flag" else []
@@ -103,7 +133,14 @@ def test_bad_publish_is_refused_in_one_line(
             "no-study": f"{out} holds no study.json; run the study first",
             "other-study": f"{folder} holds study 'pair', not 'kv-bias'; name the study it holds",
             "training-flag": "--publish takes the study as it ran; leave out --seeds",
-            "into-itself": f"--publish {folder} is the study folder itself; name another folder",
+            "into-itself": f"--publish {folder} is inside the study folder {folder}; "
+            "name a folder outside it",
+            "inside": f"--publish {folder / 'figures/x'} is inside the study folder {folder}; "
+            "name a folder outside it",
+            "over-a-study": f"--publish {tmp_path / 'other'} is a study folder with its runs, not a "
+            "published copy; choose another folder",
+            "over-another-copy": f"--publish {dest} holds a copy of study 'gates', not 'pair'; "
+            "choose another folder",
             "empty": "--publish is empty; name a file or folder",
             "dot": "--publish '.' must name a folder, not the current or parent one",
         }[case]

@@ -31,7 +31,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, replace_folder, write_json
-from attnlab.rundir import RunDir, RunLock
+from attnlab.rundir import LOCK_FILE, RunDir, RunLock
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -139,8 +139,10 @@ class StudyDir:
 
     def publish(self, dest: str | Path) -> Path:
         """Copy the study's report, results, study.json and figures, never its runs, to
-        ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy whole; anything else
-        already there (a hand-written NOTES.md) is kept. Returns ``dest``."""
+        ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy of this study whole;
+        anything else already there (a hand-written NOTES.md, as it is, links kept as links) is
+        kept. ``dest`` may not be a study folder that holds runs, another study's copy, or lie
+        inside this study. Returns ``dest``."""
         given, dest = str(dest), Path(dest).expanduser()
         if dest.name in ("", ".."):  # "", ".", "..", "/": the copy replaces the folder whole
             raise AttnlabError(
@@ -148,29 +150,57 @@ class StudyDir:
             )
         if not (self.path / STUDY_JSON).is_file():
             raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
-        if dest.resolve() == self.path.resolve():
-            raise AttnlabError(f"--publish {dest} is the study folder itself; name another folder")
-        if check_out_path(dest, "--publish") and not StudyDir(dest).is_study():
+        here, there = self.path.resolve(), dest.resolve()
+        if there == here or here in there.parents:
             raise AttnlabError(
-                f"--publish {dest} is not empty and is not a study folder; choose another folder"
+                f"--publish {dest} is inside the study folder {self.path}; name a folder outside it"
             )
+        if check_out_path(dest, "--publish"):
+            _refuse_publishing_over(dest, self.previous().get("name"))
         kept = [
-            p for p in (dest.iterdir() if dest.is_dir() else []) if p.name not in (*PUBLISHED, RUNS)
+            p
+            for p in (dest.iterdir() if dest.is_dir() else [])
+            if p.name not in (*PUBLISHED, RUNS, MARKER, LOCK_FILE)
         ]
-        with replace_folder(
-            dest, "study", overwrite=True, flag="--publish", sources=[self.path], manifest=False
-        ) as tmp:
-            for source in [*(self.path / name for name in PUBLISHED), *kept]:
-                if source.is_dir():
-                    shutil.copytree(source, tmp / source.name)
-                elif source.is_file():
-                    shutil.copy2(source, tmp / source.name)
+        lock = RunLock(dest, record_pid=False, user="study")
+        if dest.is_dir():
+            lock.acquire()  # a study starting in it meanwhile is refused, and so is this
+        try:
+            with replace_folder(
+                dest, "study", overwrite=True, flag="--publish", sources=[self.path], manifest=False
+            ) as tmp:
+                for source in [*(self.path / name for name in PUBLISHED), *kept]:
+                    if source.is_dir() and not source.is_symlink():
+                        shutil.copytree(source, tmp / source.name, symlinks=True)
+                    elif source.is_file() or source.is_symlink():
+                        shutil.copy2(source, tmp / source.name, follow_symlinks=False)
+        finally:
+            lock.release()
         return dest
 
     def write_report(self, text: str) -> None:
         tmp = self.path / f"{REPORT}.tmp"
         tmp.write_text(text)
         tmp.replace(self.report)
+
+
+def _refuse_publishing_over(dest: Path, name: str | None) -> None:
+    """Refuse a non-empty ``dest`` that is not an earlier published copy of study ``name``."""
+    other = StudyDir(dest)
+    if not other.is_study():
+        raise AttnlabError(
+            f"--publish {dest} is not empty and is not a study folder; choose another folder"
+        )
+    if (dest / RUNS).exists():
+        raise AttnlabError(
+            f"--publish {dest} is a study folder with its runs, not a published copy; "
+            "choose another folder"
+        )
+    held = other.previous().get("name")
+    if held is not None and held != name:
+        raise AttnlabError(
+            f"--publish {dest} holds a copy of study {held!r}, not {name!r}; choose another folder"
+        )
 
 
 def val_curve(run_dir: str | Path) -> dict[int, float]:
