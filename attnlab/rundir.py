@@ -10,6 +10,7 @@ A run folder (``RunDir``) holds::
     latest/ best/  model folders (attnlab.train.checkpoint): the last and the best checkpoint
     sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run),
                    read from beside the run whatever path config.json holds (own_data)
+    copied_from.json   where a study copied the run from (copy_run, ``--reuse-from``)
 
 A model folder (``latest/``, ``best/``, an export) is a different thing: its config.json is a
 bare ModelConfig; attnlab.train.checkpoint reads and writes those.
@@ -24,6 +25,7 @@ Where ``fcntl`` does not exist (Windows) runs are not locked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -33,7 +35,14 @@ from typing import IO, Any
 
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import fsync, fsync_tree, process_alive, remove_stale_temps, write_json
+from attnlab.fsutil import (
+    fsync,
+    fsync_tree,
+    no_space_message,
+    process_alive,
+    remove_stale_temps,
+    write_json,
+)
 
 try:
     import fcntl
@@ -50,6 +59,7 @@ LATEST = "latest"
 BEST = "best"
 SFT_DATA = "sft_data"
 SFT_FILE = "sft.json"
+COPIED_FROM = "copied_from.json"
 
 
 class RunLock:
@@ -323,27 +333,45 @@ def shared_data_dir(runs: list[str] | list[Path], data: str | Path | None = None
 
 
 def copy_run(source: str | Path, dest: str | Path) -> None:
-    """Copy the run in ``source`` to the new folder ``dest``, whole or not at all.
+    """Copy the run in ``source`` to the new folder ``dest``, whole or not at all, recording
+    where it came from (``COPIED_FROM``, the source's resolved path).
 
-    The copy is written under ``.DEST.tmp-PID`` (removed by ``remove_stale_temps`` should this
-    process die) and renamed in once complete; the source's lock file stays behind. A run
-    records no path of its own folder, so the copy reads, resumes and exports as the original.
+    The source's lock is held meanwhile (a trainer resuming it is refused, and this is while
+    one trains it); the copy is written under ``.DEST.tmp-PID`` (removed by
+    ``remove_stale_temps`` should this process die) and renamed in once complete. A run records
+    no path of its own folder, so the copy reads, resumes and exports as the original.
     """
     source, dest = Path(source), Path(dest)
     if os.path.lexists(dest):
         raise AttnlabError(f"{dest} exists; a run is only copied into a new folder")
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(LOCK_FILE))
-        fsync_tree(tmp)
-        os.replace(tmp, dest)
+        with RunLock(source, record_pid=False):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(dest)
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(LOCK_FILE))
+            write_json(tmp / COPIED_FROM, {"source": str(source.resolve())})
+            fsync_tree(tmp)
+            os.replace(tmp, dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            raise AttnlabError(no_space_message(dest)) from None
+        raise AttnlabError(f"cannot copy the run {source} to {dest} ({e.strerror})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync(dest.parent)
+
+
+def copied_from(folder: str | Path) -> str | None:
+    """The run folder a run was copied from (``copy_run``), or None for one trained there."""
+    try:
+        source = json.loads((Path(folder) / COPIED_FROM).read_text())["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if isinstance(source, str) else None
 
 
 def finished_summary(folder: str | Path) -> dict | None:

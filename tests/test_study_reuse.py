@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from test_bad_input import error_line
 from test_folder_safety import snapshot
 
 from attnlab.errors import AttnlabError
-from attnlab.rundir import LOCK_FILE, RunDir
+from attnlab.rundir import LOCK_FILE, RunDir, RunLock, copied_from, copy_run
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec
 
@@ -112,6 +113,25 @@ def test_identical_runs_are_copied_and_the_rest_trained(
     # other setups are never taken: another seed count trains seed 2 here, copies nothing new
     more = second_study(seeds=3)
     assert more["study"]["retrained"] == 2 and more["study"]["reused"] == copied
+    # a copy deleted and trained here instead is no longer listed as copied
+    shutil.rmtree(out / "runs/plain/seed0")
+    alone = run_study(load_spec(str(specs[1])), "ci", out, data=tiny_data, seeds=3)
+    assert alone["study"]["retrained"] == 1
+    assert alone["study"]["reused"] == {"plain seed 1": copied["plain seed 1"]}
+    assert "**Copied runs.** 1 run came from another study" in (out / "report.md").read_text()
+
+
+def test_a_run_is_not_copied_while_a_trainer_holds_it(tmp_path: Path, train_tiny) -> None:
+    source = tmp_path / "run"
+    train_tiny(source, max_iters=4, eval_interval=2)
+    busy = pytest.raises(AttnlabError, match=r"is in use by another trainer \(PID \d+\)")
+    with RunLock(source), busy:  # a trainer resuming it
+        copy_run(source, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+    assert not list(tmp_path.glob(".copy.tmp-*"))
+    copy_run(source, tmp_path / "copy")
+    assert copied_from(tmp_path / "copy") == str(source.resolve())
+    assert copied_from(source) is None
 
 
 def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(

@@ -19,7 +19,7 @@ import torch
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import RunDir, copy_run, finished_summary
+from attnlab.rundir import RunDir, copied_from, copy_run, finished_summary
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
@@ -72,7 +72,13 @@ class LanguageModel:
             k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
         }
         first_jobs = _jobs(study, first, {})
-        reused = {**study.out.previous().get("reused", {}), **_copy_reused(study, first_jobs)}
+        _copy_reused(study, first_jobs)
+        # each copy records its source (a run trained here since, in its place, is no copy)
+        reused = {
+            f"{job.variant} seed {job.seed}": source
+            for job in first_jobs
+            if (source := copied_from(job.run_dir)) is not None
+        }
         # hashed once: the bins' sha256 (kept in study.json, taken again only if a bin changed)
         folders = {job.variant: job.data for job in first_jobs}
         data = provenance.data_provenance(folders.values(), study.out.previous().get("data", {}))
@@ -294,19 +300,15 @@ def _budget_iters(budgets: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {name: b["iters"] for name, b in budgets.items()}
 
 
-def _copy_reused(study: Study, jobs: list[Job]) -> dict[str, str]:
-    """Copy in the runs ``study.reuse`` names (``--reuse-from``); ``{"VARIANT seed S": the
-    folder copied}`` for study.json."""
-    copied = {}
+def _copy_reused(study: Study, jobs: list[Job]) -> None:
+    """Copy in the runs ``study.reuse`` names (``--reuse-from``) that are not here yet."""
     for job in jobs:
         donor = study.reuse.get(job.run_dir)
         if donor is None or Path(job.run_dir).exists():
             continue
         copy_run(donor, job.run_dir)
-        copied[f"{job.variant} seed {job.seed}"] = donor
         if study.progress is not None:
             study.progress(f"{job.variant} seed {job.seed}: copied from {donor} (trained alike)")
-    return copied
 
 
 def _considered(study: Study, name: str) -> list[int]:
