@@ -129,14 +129,18 @@ def test_runs_report_their_convergence_and_variants_their_own_seeds(
     older = json.loads((out / "results.json").read_text())
     for r in older["runs"]:
         r.pop("val_change_last20"), r.pop("converged")
-    gone = older["runs"][0]
+    gone, other = older["runs"][0], older["runs"][1]
     gone["val_change_last20"], gone["converged"] = 0.5, False  # as recorded
+    # a recorded loss that is not the folder's run: that folder holds another run now
+    other["val_loss"], other["val_change_last20"], other["converged"] = 9.0, 0.25, False
     (out / "results.json").write_text(json.dumps(older))
     shutil.rmtree(gone["run_dir"])
     again = report_study(load_spec(spec_file), out)
     for r in again["runs"]:
         if r["run_dir"] == gone["run_dir"]:
             assert (r["val_change_last20"], r["converged"]) == (0.5, False)
+        elif r["run_dir"] == other["run_dir"]:
+            assert (r["val_change_last20"], r["converged"]) == (0.25, False)
         else:
             assert r["val_change_last20"] == measured[r["variant"], r["seed"]]
 

@@ -19,7 +19,7 @@ import torch
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import RunDir, copied_from, copy_run, finished_summary
+from attnlab.rundir import copied_from, copy_run, finished_summary
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
@@ -127,21 +127,14 @@ class LanguageModel:
 
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:
         """The comparisons and per-variant statistics again from results.json's runs, each
-        run's convergence again from its metrics.csv where its folder is still there (a study
-        made before convergence was measured gains it); the wall-clock budgets and analyses as
+        run's convergence again where the study folder still holds that run (a study made
+        before convergence was measured gains it); the wall-clock budgets and analyses as
         recorded (they need the run folders)."""
         known = record.get("data") or {}
         folders = {n: c.get("data") for n, c in (record.get("configs") or {}).items()}
         extra = {k: record[k] for k in ("wallclock", "reused", "analyses") if k in record}
         data = provenance.data_provenance(known, known)
-        runs = [
-            {**r, **output.convergence(r["run_dir"], r["iters"])}
-            if r.get("status") == "ok"
-            and r.get("run_dir")
-            and RunDir(r["run_dir"]).metrics.is_file()
-            else r
-            for r in results["runs"]
-        ]
+        runs = [_converged_again(study, r) for r in results["runs"]]
         return _outcome(study, runs, extra, folders, data)
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
@@ -298,6 +291,19 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
 
 def _budget_iters(budgets: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {name: b["iters"] for name, b in budgets.items()}
+
+
+def _converged_again(study: Study, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its convergence measured again from the run in this study folder (not the
+    recorded run_dir: relative to where the study ran, or another study's after a copy), when
+    that run is the one recorded (the same final val loss); else as recorded."""
+    if row.get("status") != "ok":
+        return row
+    folder = study.out.run_dir(row["variant"], row["seed"])
+    summary = finished_summary(folder)
+    if summary is None or summary.get("final_val_loss") != row.get("val_loss"):
+        return row
+    return {**row, **output.convergence(folder, row["iters"])}
 
 
 def _copy_reused(study: Study, jobs: list[Job]) -> None:
