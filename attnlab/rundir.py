@@ -112,6 +112,23 @@ class RunLock:
             f.flush()
         self.file = f
 
+    def holder(self) -> str | None:
+        """Who holds the lock now, without taking it or writing anything: "" or "PID N" while
+        one holds it, None when it is free (or there is no lock file)."""
+        if fcntl is None or not self.path.is_file():
+            return None
+        try:
+            with self.path.open() as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pid = f.read().strip()
+                    return f"PID {pid}" if pid.isdigit() and process_alive(int(pid)) else ""
+                fcntl.flock(f, fcntl.LOCK_UN)
+        except OSError:
+            return None
+        return None
+
     def release(self) -> None:
         if self.file is not None:
             with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ left, with nothing written."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from test_bad_input import error_line
 from test_folder_safety import snapshot
 
 from attnlab.studies.kinds import lm, lm_plan
+from attnlab.studies.output import StudyDir
 from attnlab.studies.runner import plan_study, run_study
 from attnlab.studies.spec import load_spec
 
@@ -126,21 +128,36 @@ def test_a_plan_of_a_started_study_says_what_is_done(
     assert json.loads((out / "study.json").read_text())["wallclock"]["base-wallclock"]["iters"] == 5
 
 
-@pytest.mark.parametrize("case", ["with-publish", "no-runs-kind"])
+@pytest.mark.parametrize("case", ["with-publish", "no-runs-kind", "foreign-out", "jobs"])
 def test_bad_plan_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
+    """Refused as the study would be (a foreign --out was planned as if empty)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
     args = {
         "with-publish": ["kv-bias", "--out", str(tmp_path / "s"), "--plan", "--publish", "x"],
         "no-runs-kind": ["gba-retrieval", "--out", str(tmp_path / "s"), "--plan"],
+        "foreign-out": ["kv-bias", "--out", str(mine), "--plan"],
+        "jobs": ["kv-bias", "--out", str(tmp_path / "s"), "--plan", "--jobs", "2"],
+    }[case]
+    expected = {
+        "with-publish": "--plan trains nothing already; leave out --report-only and --publish",
+        "no-runs-kind": "--plan: kind = 'retrieval' studies train no runs to plan; leave it out",
+        "foreign-out": f"{mine} is not empty and is not a study folder; choose another --out",
+        "jobs": "--plan: --jobs does not change the plan; leave it out",
     }[case]
     before = snapshot(tmp_path)
-    assert (
-        error_line(run_cli("study", *args), "study")
-        == {
-            "with-publish": "--plan trains nothing already; leave out --report-only and --publish",
-            "no-runs-kind": "--plan: kind = 'retrieval' studies train no runs to plan; leave it out",
-        }[case]
-    )
+    assert error_line(run_cli("study", *args), "study") == expected
     assert snapshot(tmp_path) == before
+
+
+def test_a_plan_of_a_folder_in_use_says_so(spec: Path, tmp_path: Path, tiny_data: Path) -> None:
+    out = tmp_path / "study"
+    assert plan_study(load_spec(str(spec)), "ci", out, data=tiny_data)["in_use"] is None
+    with StudyDir(out).create():  # what a running study holds
+        plan = plan_study(load_spec(str(spec)), "ci", out, data=tiny_data)
+    assert plan["in_use"] == f"PID {os.getpid()}"
+    assert plan_study(load_spec(str(spec)), "ci", out, data=tiny_data)["in_use"] is None
 
 
 def test_step_timings_compile_where_the_runs_train_compiled(

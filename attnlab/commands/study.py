@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     publish = args.publish is not None
     if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
+    if args.plan and args.jobs != 1:  # the estimate is of runs one after another
+        raise AttnlabError("--plan: --jobs does not change the plan; leave it out")
     if args.report_only or publish:
         given = [
             flag
@@ -173,6 +175,9 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
     rows = plan["rows"]
     width = max([len("variant"), *(len(r["variant"]) for r in rows)])
     print(f"study {name} ({preset}): {len(rows)} runs")
+    if plan["in_use"] is not None:
+        who = f" ({plan['in_use']})" if plan["in_use"] else ""
+        print(f"a study is running in this folder{who}: its runs as they stand now")
     print(f"{'variant':<{width}}  seed  {'iters':>6}  state")
     for r in rows:
         iters = "?" if r["iters"] is None else f"{r['iters']}"

@@ -77,15 +77,24 @@ class StudyDir:
         were overwritten), and one study at a time: two in one folder marked each other's runs
         failed and both exited 1 without a word.
         """
-        if check_out_path(self.path) and not self.is_study():
-            raise AttnlabError(
-                f"{self.path} is not empty and is not a study folder; choose another --out"
-            )
-        check_writable(self.path)  # a read-only or pseudo file system (/proc), a permission
+        self.check_usable()
         lock = RunLock(self.path, user="study")
         lock.acquire()  # makes the folder; refuses, changing nothing, while a study holds it
         (self.path / MARKER).touch()
         return lock
+
+    def check_usable(self) -> None:
+        """Refuse, writing nothing, a folder a study may not be written in: a non-empty one that
+        is not a study's, a file, a read-only or pseudo file system (/proc), a permission."""
+        if check_out_path(self.path) and not self.is_study():
+            raise AttnlabError(
+                f"{self.path} is not empty and is not a study folder; choose another --out"
+            )
+        check_writable(self.path)
+
+    def in_use(self) -> str | None:
+        """Who runs a study in the folder now ("PID N", or "" unnamed), None when no one."""
+        return RunLock(self.path, user="study").holder()
 
     @property
     def report(self) -> Path:

@@ -84,12 +84,13 @@ def plan_study(
     timed: bool = True,
 ) -> dict[str, Any]:
     """What ``run_study`` with these arguments would do now, writing nothing in ``out``: the
-    kind's plan (its runs and their states; ``timed``: step times and the time left). It is
-    refused where the study would be."""
+    kind's plan (its runs and their states; ``timed``: step times and the time left) and
+    ``in_use``, who runs a study in ``out`` now (None: no one). It is refused where the study
+    would be, except that a folder in use is planned as it stands."""
     study = _prepared(
         spec, preset, out, seeds, 1, data, variants, None, None, allow_mixed_commits, reuse_from
     )
-    return KINDS[spec.kind].plan(study, timed)
+    return {**KINDS[spec.kind].plan(study, timed), "in_use": study.out.in_use()}
 
 
 def _prepared(
@@ -125,6 +126,7 @@ def _prepared(
         except AttnlabError as e:
             raise AttnlabError(f"{spec.source}: scale {preset}: data: {e}") from None
     folder = StudyDir(out)
+    folder.check_usable()  # what create() refuses, refused here for a plan too
     seed_list = list(range(n_seeds))
     git = process_git_state()
     donors = _donors(reuse_from or [], folder)
