@@ -12,6 +12,7 @@ from conftest import fixed_pace, run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
 
+from attnlab.studies import runner
 from attnlab.studies.kinds import lm, lm_plan
 from attnlab.studies.output import StudyDir
 from attnlab.studies.runner import plan_study, run_study
@@ -179,8 +180,9 @@ def test_step_timings_compile_where_the_runs_train_compiled(
 
     monkeypatch.setattr(jobs, "train_step", fake_step)
     monkeypatch.setattr(lm_plan, "train_step", fake_step)
+    made = {}
     for compiled in (False, True):
-        folders = []
+        folders = made[compiled] = []
         for arm in ("base", "mech"):
             folder = tmp_path / f"{arm}-{compiled}"
             folder.mkdir()
@@ -190,8 +192,39 @@ def test_step_timings_compile_where_the_runs_train_compiled(
         asked.clear()
         jobs.time_steps(jobs.Pace(*folders, reps=2))
         assert asked == [compiled, compiled]
+        asked.clear()  # the budget's own setting wins over the runs' (a copied run's, say)
+        jobs.time_steps(jobs.Pace(*folders, reps=2, compile=not compiled))
+        assert asked == [not compiled, not compiled]
     spec = tmp_path / "compiled.toml"
     spec.write_text(SPEC.replace('device = "cpu" }', 'device = "cpu", compile = true }'))
     asked.clear()
     plan_study(load_spec(str(spec)), "ci", tmp_path / "out", data=tiny_data)
     assert asked == [True, True]  # base and kv; the wall-clock arm is base's model
+    # the wall-clock budget times both arms as the spec trains them (compiled), though these
+    # runs trained eager
+    paces: list[jobs.Pace] = []
+
+    def pool(work, items, n_jobs, on_done) -> None:  # the timing, at once
+        paces.extend(items)
+        on_done(0, fixed_pace()(items[0]), 0.0)
+
+    monkeypatch.setattr(lm, "run_all", pool)
+    study = runner._prepared(
+        load_spec(str(spec)),
+        "ci",
+        tmp_path / "out",
+        None,
+        1,
+        tiny_data,
+        None,
+        None,
+        None,
+        False,
+        None,
+    )
+    finished = [
+        {"variant": v, "seed": 0, "status": "ok", "iters": 4, "run_dir": made[False][i]}
+        for i, v in enumerate(("base", "kv"))
+    ]
+    assert lm.wallclock_budget(study, finished, "base", "kv")["iters"] == 6
+    assert [p.compile for p in paces] == [True]

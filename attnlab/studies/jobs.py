@@ -56,6 +56,9 @@ class Pace:
     mechanism_run: str
     reps: int
     warmup: int = 2
+    # both arms under torch.compile or neither, as the runs the budget is for train (a copied
+    # or resumed run may have trained otherwise); None: each run's own setting
+    compile: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,8 @@ def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
                 config.model,
                 config.train.batch_size,
                 device,
-                compile=config.train.compile,  # compiled in the warm-up, as the runs trained
+                # compiled in the warm-up
+                compile=config.train.compile if pace.compile is None else pace.compile,
                 amp_dtype=amp,
             )[0]
     timings = interleaved(steps, "baseline", pace.reps, pace.warmup, synchronizer(device))

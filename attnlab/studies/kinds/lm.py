@@ -341,7 +341,11 @@ def wallclock_budget(
     if not base or not mech:
         return None
     first = [min(arm, key=lambda r: r["seed"])["run_dir"] for arm in (base, mech)]
-    pace = Pace(*first, WALLCLOCK_REPS)
+    variant = study.spec.variants[mechanism]
+    model, train = study.spec.layered(variant, study.preset)
+    # the path is never read: only the training config is wanted
+    recipe = planned(Job(mechanism, 0, variant.preset, model, train, "(unused)", "")).train
+    pace = Pace(*first, WALLCLOCK_REPS, compile=recipe.compile)
     if study.progress is not None:
         study.progress(
             f"timing {mechanism} against {baseline} side by side ({pace.reps} interleaved "
