@@ -146,7 +146,8 @@ def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(
     record = json.loads(env.read_text())
     env.write_text(json.dumps({**record, "git_commit": "0" * 40, "git_dirty": False}))
     before = snapshot(tmp_path)
-    with pytest.raises(AttnlabError, match=r"this study would mix runs made at 2 code states"):
+    mixed = r"^this study would mix runs made at 2 code states .*, or leave out --reuse-from$"
+    with pytest.raises(AttnlabError, match=mixed):
         run_study(
             load_spec(str(specs[1])),
             "ci",
@@ -172,7 +173,16 @@ def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(
 
 
 @pytest.mark.parametrize(
-    "case", ["not-a-study", "itself", "report-only", "no-runs-kind", "empty", "no-variants"]
+    "case",
+    [
+        "not-a-study",
+        "itself",
+        "report-only",
+        "no-runs-kind",
+        "published-copy",
+        "empty",
+        "no-variants",
+    ],
 )
 def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
     out = tmp_path / "out"
@@ -187,12 +197,15 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
         "itself": ["kv-bias", "--out", str(out), "--reuse-from", str(out)],
         "report-only": ["kv-bias", "--out", str(out), "--report-only", "--reuse-from", str(out)],
         "no-runs-kind": ["gba-retrieval", "--out", str(tmp_path / "r"), "--reuse-from", str(out)],
+        "published-copy": ["kv-bias", "--out", str(tmp_path / "s"), "--reuse-from", str(out)],
         "empty": ["kv-bias", "--out", str(out), "--reuse-from", str(mine), "--reuse-from", ""],
         "no-variants": ["kv-bias", "--out", str(out), "--variants", ""],  # ran every variant
     }[case]
-    if case == "no-runs-kind":
+    if case in ("no-runs-kind", "published-copy"):
         out.mkdir()
         (out / "study.json").write_text("{}")
+    if case == "no-runs-kind":
+        (out / "runs/base/seed0").mkdir(parents=True)
     before = snapshot(tmp_path)
     line = error_line(run_cli("study", *args), "study")
     assert (
@@ -203,6 +216,8 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
             "report-only": "--report-only takes the study as it ran; leave out --reuse-from",
             "no-runs-kind": "--reuse-from: kind = 'retrieval' studies train no runs to reuse; "
             "leave it out",
+            "published-copy": f"--reuse-from {out} holds no runs (a published copy?); name "
+            "the study folder that trained them",
             "empty": "--reuse-from is empty; name a file or folder",
             "no-variants": "--variants names none; choose from vanilla-128, kv-bias-112, "
             "kv-bias-detached, vanilla-112, vanilla-7l, vanilla-136, vanilla-128-wallclock",

@@ -92,6 +92,10 @@ class StudyDir:
             )
         check_writable(self.path)
 
+    def has_runs(self) -> bool:
+        """Whether the folder holds run folders (a published copy holds none)."""
+        return any((self.path / RUNS).glob("*/seed*"))
+
     def in_use(self) -> str | None:
         """Who runs a study in the folder now ("PID N", or "" unnamed), None when no one."""
         return RunLock(self.path, user="study").holder()

@@ -136,8 +136,9 @@ def group_states(runs: dict[tuple[str, int], list[tuple]]) -> list[dict[str, Any
     ]
 
 
-def refuse_mixed(groups: list[dict[str, Any]]) -> None:
-    """Refuse, in one line naming each state and its runs, runs of more than one code state."""
+def refuse_mixed(groups: list[dict[str, Any]], hint: str = "") -> None:
+    """Refuse, in one line naming each state and its runs, runs of more than one code state;
+    ``hint`` ends the line (another way out)."""
     if len(groups) < 2:
         return
     named = "; ".join(
@@ -146,5 +147,5 @@ def refuse_mixed(groups: list[dict[str, Any]]) -> None:
     )
     raise AttnlabError(
         f"this study would mix runs made at {len(groups)} code states ({named}); "
-        "pass --allow-mixed-commits to report them together, or use another --out"
+        f"pass --allow-mixed-commits to report them together, or use another --out{hint}"
     )

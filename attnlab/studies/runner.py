@@ -151,7 +151,10 @@ def _prepared(
     if donors:
         study.reuse.update(kind.reusable(study, donors))
     if not allow_mixed_commits:
-        provenance.refuse_mixed(_code_states(spec, preset, folder, seed_list, git, study.reuse))
+        hint = ", or leave out --reuse-from" if study.reuse else ""
+        provenance.refuse_mixed(
+            _code_states(spec, preset, folder, seed_list, git, study.reuse), hint
+        )
     return study
 
 
@@ -211,6 +214,11 @@ def _donors(paths: list[str | Path], out: StudyDir) -> list[StudyDir]:
             raise AttnlabError(f"--reuse-from {path}: not a study folder (no {STUDY_JSON})")
         if donor.path.resolve() == out.path.expanduser().resolve():
             raise AttnlabError(f"--reuse-from {path} is this study's --out; name another study")
+        if not donor.has_runs():
+            raise AttnlabError(
+                f"--reuse-from {path} holds no runs (a published copy?); name the study folder "
+                "that trained them"
+            )
         donors.append(donor)
     return donors
 

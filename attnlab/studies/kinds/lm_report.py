@@ -182,9 +182,9 @@ def _unigram_lines(runs: list[dict[str, Any]], record: dict[str, Any]) -> list[s
     if stuck:
         named = ", ".join(f"{r['variant']} seed {r['seed']} ({r['val_loss']:.4f})" for r in stuck)
         text += (
-            f"**{len(stuck)} of {len(ended)} runs ended within {100 * UNIGRAM_WITHIN:g} % of "
-            f"it**: {named}. They did not train past token frequencies, whatever their "
-            "convergence says."
+            f"**{len(stuck)} of {len(ended)} runs ended above it or less than "
+            f"{100 * UNIGRAM_WITHIN:g} % below it**: {named}. They did not train past token "
+            "frequencies, whatever their convergence says."
         )
     else:
         worst = max(r["val_loss"] / floors[r["variant"]] for r in ended)
