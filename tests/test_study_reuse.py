@@ -147,26 +147,16 @@ def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(
     env.write_text(json.dumps({**record, "git_commit": "0" * 40, "git_dirty": False}))
     before = snapshot(tmp_path)
     mixed = r"^this study would mix runs made at 2 code states .*, or leave out --reuse-from$"
+
+    def second(**options: object) -> dict:
+        spec = load_spec(str(specs[1]))
+        return run_study(spec, "ci", tmp_path / "out", data=tiny_data, seeds=1, **options)
+
     with pytest.raises(AttnlabError, match=mixed):
-        run_study(
-            load_spec(str(specs[1])),
-            "ci",
-            tmp_path / "out",
-            data=tiny_data,
-            seeds=1,
-            reuse_from=[donor],
-        )
+        second(reuse_from=[donor])
     assert snapshot(tmp_path) == before
     # asked for, they are mixed, and the copy leaves the donor's lock file behind
-    done = run_study(
-        load_spec(str(specs[1])),
-        "ci",
-        tmp_path / "out",
-        data=tiny_data,
-        seeds=1,
-        reuse_from=[donor],
-        allow_mixed_commits=True,
-    )
+    done = second(reuse_from=[donor], allow_mixed_commits=True)
     assert done["study"]["retrained"] == 1
     assert len(done["study"]["run_commits"]) == 2
     assert not (tmp_path / "out/runs/plain/seed0" / LOCK_FILE).exists()
