@@ -155,7 +155,8 @@ class StudyDir:
         ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy of this study whole;
         anything else already there (a hand-written NOTES.md, as it is, links kept as links) is
         kept. ``dest`` may not be a study folder that holds runs, another study's copy, or lie
-        inside this study. Returns ``dest``."""
+        inside this study. A running study's copy is what it has written so far (each file
+        whole; a file rewritten meanwhile may be a run newer than the others). Returns ``dest``."""
         given, dest = str(dest), Path(dest).expanduser()
         if dest.name in ("", ".."):  # "", ".", "..", "/": the copy replaces the folder whole
             raise AttnlabError(
