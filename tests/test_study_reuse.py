@@ -155,6 +155,14 @@ def test_a_donor_of_another_code_state_is_refused_before_anything_is_written(
     with pytest.raises(AttnlabError, match=mixed):
         second(reuse_from=[donor])
     assert snapshot(tmp_path) == before
+    # a donor trained at this code state is preferred, wherever it is listed
+    current = tmp_path / "current-out"
+    run_study(load_spec(str(specs[0])), "ci", current, data=tiny_data, seeds=1)
+    preferred = second(reuse_from=[donor, current])
+    assert preferred["study"]["reused"] == {
+        "plain seed 0": str((current / "runs/base/seed0").resolve())
+    }
+    shutil.rmtree(tmp_path / "out")
     # asked for, they are mixed, and the copy leaves the donor's lock file behind
     done = second(reuse_from=[donor], allow_mixed_commits=True)
     assert done["study"]["retrained"] == 1

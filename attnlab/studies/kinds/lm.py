@@ -38,6 +38,7 @@ from attnlab.studies.output import StudyDir
 from attnlab.studies.progress import Tracker
 from attnlab.studies.spec import StudySpec, Variant
 from attnlab.studies.stats import holm, paired_comparison, summarize
+from attnlab.train.environment import process_git_state
 from attnlab.train.spec import as_overrides, configs, default_data_for
 
 WALLCLOCK_REPS = 30  # interleaved training steps per arm behind a wall-clock-matched budget
@@ -187,16 +188,22 @@ class LanguageModel:
 
     def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
         """``{run folder: another study's run folder}`` for every run this study would start
-        (not one already begun here) that one of ``donors`` trained identically. Wall-clock
-        matched arms are left out: their budget is timed in this study."""
+        (not one already begun here) that one of ``donors`` trained identically, preferring
+        one trained at this code state. Wall-clock matched arms are left out: their budget is
+        timed in this study."""
         first = [
             n for n, v in study.spec.variants.items() if not v.clock_of and study.spec.trains(n)
         ]
+        git = process_git_state()
+        now = [(git["commit"], git["dirty"], git["diff_sha256"])]
         plan = {}
         for job in _jobs(study, first, {}):
             if Path(job.run_dir).exists():
                 continue
-            found = identical_run(job, [r for d in donors for r in d.seed_runs(job.seed)])
+            candidates = [r for d in donors for r in d.seed_runs(job.seed)]
+            # one trained at this code state first: a copy of another is refused as mixed
+            candidates.sort(key=lambda r: provenance.run_states(r) != now)
+            found = identical_run(job, candidates)
             if found is not None:
                 plan[job.run_dir] = str(found)
         return plan
