@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import os
-import pkgutil
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn
 
 from attnlab import commands
+from attnlab.commands._common import path_arg, register_all, silence_stdout
 from attnlab.config import repeated_override
 from attnlab.errors import AttnlabError
 from attnlab.rundir import checkpoint_problem
-
-
-def register_all(subparsers: argparse._SubParsersAction, package: ModuleType) -> None:
-    """Import every module of ``package`` (skipping private ones) and call its ``register``."""
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{info.name}").register(subparsers)
 
 
 def shows_default(action: argparse.Action) -> bool:
@@ -85,15 +76,6 @@ def config_flags_as_overrides(
     getattr(args, dest).extend(a.removeprefix("--") for a in pairs)
 
 
-# the arguments that name a file or folder: an empty one meant the default, silently
-# (`train --data ""` trained on the embedded corpus); one that is not UTF-8 (a byte the
-# locale cannot decode) failed in tensorboard, JSON or tokenizers, after writing had begun
-PATH_ARGUMENTS = {
-    "baseline", "ckpt", "config", "data", "folder", "meta", "model", "out", "prompt_file",
-    "publish", "resume", "reuse_from", "run", "run_a", "run_b", "target",
-}  # fmt: skip
-
-
 def command_path(args: argparse.Namespace) -> list[str]:
     """The command as typed: ["bench", "export"], not ["bench"]."""
     parts = (args.command, getattr(args, "benchmark", None), getattr(args, "analysis", None))
@@ -112,7 +94,7 @@ def path_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     """Why a path given to the typed command cannot be used (empty, or not UTF-8), if any."""
     for action in typed_parser(parser, args)._actions:
         given = getattr(args, action.dest, None)
-        if action.dest not in PATH_ARGUMENTS:
+        if action.type is not path_arg:
             continue
         flag = max(action.option_strings, key=len, default=action.metavar or action.dest)
         for value in given if isinstance(given, list) else [given]:  # a repeatable one: each
@@ -128,12 +110,6 @@ def path_problem(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
             if action.dest == "out" and (problem := checkpoint_problem(Path(value))):
                 return problem  # every command's output: never in a run's checkpoint
     return None
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null once its reader went away: the interpreter's last flush would
-    otherwise fail and complain."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def out_of_memory(error: BaseException) -> bool:

@@ -65,6 +65,19 @@ def tiny_model(**overrides):
     return ModelConfig(**{**base, **overrides})
 
 
+def mechanism_examples() -> dict[str, dict]:
+    """Each registered mechanism's SPEC example, by name: what "every mechanism" tests run."""
+    from attnlab.model import mechanisms
+
+    return {name: mechanisms.module(name).SPEC.example for name in mechanisms.REGISTRY}
+
+
+def every_mechanism(**backbone) -> dict:
+    """Every registered mechanism at once (their examples merged), on RoPE with GQA."""
+    merged = {k: v for example in mechanism_examples().values() for k, v in example.items()}
+    return {**merged, "n_kv_head": 2, "pos": "rope", **backbone}
+
+
 def tiny_train(**overrides):
     """A 30-iteration CPU recipe with frequent evals and no TensorBoard."""
     from attnlab.config import TrainConfig

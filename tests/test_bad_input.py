@@ -117,6 +117,10 @@ NOT_UTF8 = "{} is not valid UTF-8; name a file or folder in UTF-8"
         (["sample", ""], EMPTY.format("RUN_OR_FOLDER")),
         (["export", "RUN", "--out", ""], EMPTY.format("--out")),
         (["analyze", "per-position", "", "B"], EMPTY.format("RUN_A")),
+        (["train", "--init-from", "", *TINY], EMPTY.format("--init-from")),  # trained from scratch
+        (["prepare", "--corpus", ""], EMPTY.format("--corpus")),  # read the current folder
+        (["study", "", "--plan"], EMPTY.format("study")),
+        (["bench", "prepare", "--scratch", ""], EMPTY.format("--scratch")),  # wrote to the cwd
         # argv's byte 0xff, as Python hands it on: train made the run folder, then tensorboard
         # died encoding its path (a UnicodeEncodeError)
         (["train", "--out", "r\udcff", *TINY], NOT_UTF8.format("--out r\\xff")),
@@ -135,6 +139,42 @@ def test_an_empty_or_undecodable_path_is_refused(
     p = attnlab(*args)
     assert error_line(p, command_name(args)) == expected
     assert snapshot(tmp_path) == before
+
+
+# string arguments whose help or metavar speaks of files, folders or runs but that are no path
+NOT_A_PATH = {("sample", "prompt"), ("study", "variants"), ("sft", "args")}
+
+
+def test_every_argument_that_names_a_file_or_folder_is_checked_as_one():
+    """A new path option gets the empty and UTF-8 checks only if it is typed ``path_arg``; one
+    left untyped (``train --init-from ""`` trained from scratch) is caught here."""
+    import argparse
+
+    from attnlab.cli import build_parser
+    from attnlab.commands._common import path_arg
+
+    def actions(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from actions(sub, (*path, name))
+            elif isinstance(action, argparse._StoreAction | argparse._AppendAction):
+                yield path, action
+
+    untyped, typed = [], 0
+    for path, action in actions(build_parser(), ()):
+        words = f"{action.help or ''} {action.metavar or ''}".lower()
+        names_a_path = any(w in words for w in ("folder", "file", "dir", "ckpt", "run"))
+        if action.type is path_arg:
+            typed += 1
+        elif (
+            names_a_path
+            and action.type is action.choices is None
+            and (path[0], action.dest) not in NOT_A_PATH
+        ):
+            untyped.append(f"{' '.join(path)} {action.dest}")
+    assert not untyped, f"path arguments without type=path_arg: {untyped}"
+    assert typed >= 50
 
 
 @pytest.mark.parametrize(

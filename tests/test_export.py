@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import every_mechanism, mechanism_examples, tiny_model
 from test_bad_input import command_name, error_line
 
 from attnlab import from_pretrained
@@ -26,26 +26,17 @@ from attnlab.fsutil import MANIFEST
 from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
 
-# every mechanism at once: K/V-bias + value gate + boosted rounds + twicing on the QKVE backbone
-ALL_MECHANISMS = dict(
-    use_m_gate=True,
-    value_gate=True,
-    boost_rounds=2,
-    twicing=True,
-    n_kv_head=2,
-    pos="rope",
-    norm="rmsnorm",
-    mlp="swiglu",
-    ffn_sublayers=2,
-    bias=True,
-)
+# every registered mechanism at once, on the QKVE backbone (GQA, RoPE, RMSNorm, deep SwiGLU)
+ALL_MECHANISMS = every_mechanism(norm="rmsnorm", mlp="swiglu", ffn_sublayers=2, bias=True)
+# a plain model, each registered mechanism alone (its SPEC example), and the paper variants
+# whose graphs differ most (an MLP-gated boosted model with biases)
 CONFIGS = {
     "vanilla": dict(),
-    "kv-bias": dict(use_m_gate=True),
-    "value-gate": dict(value_gate=True, n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),
-    "twicing": dict(twicing=True),
-    "boosted": dict(boost_rounds=3, boost_gate="mlp", bias=True),
+    **mechanism_examples(),
+    "boosted-mlp-gate": dict(boost_rounds=3, boost_gate="mlp", bias=True),
 }
+# the QKVE-style attention: GQA, RoPE and the value gate, two layers
+GQA_VALUE_GATE = dict(value_gate=True, n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu")
 # shapes other than the [2, 8] the graphs are traced with, up to the full block
 SHAPES = [(1, 1), (1, 5), (3, 32), (4, 13)]
 
@@ -280,7 +271,7 @@ def test_onnx_plain_attention_has_no_reshape_transpose_or_concat(tmp_path: Path)
     surrounded them)."""
     import onnx
 
-    model = make_model(**CONFIGS["value-gate"])  # GQA, RoPE, the value gate: two layers
+    model = make_model(**GQA_VALUE_GATE)
     export_model(model, None, tmp_path / "out", ["onnx"])
     ops = [n.op_type for n in onnx.load(str(tmp_path / "out" / FILES["onnx"])).graph.node]
     found = [ops.count(op) for op in ("Transpose", "Reshape", "Concat", "Attention")]

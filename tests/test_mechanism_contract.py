@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 import torch
 import toy_mechanism
-from conftest import ROOT, tiny_model
+from conftest import ROOT, every_mechanism, tiny_model
 
 from attnlab import GPT
 from attnlab.cli import main
@@ -74,8 +74,7 @@ def alone(name: str) -> Case:
     """The mechanism's example; ALL composes every registered example (on RoPE with GQA)."""
     if name != ALL:
         return Case(name, spec_of(name).example, (name,))
-    composed = {k: v for n in mechanisms.REGISTRY for k, v in spec_of(n).example.items()}
-    return Case(ALL, {**composed, "n_kv_head": 2, "pos": "rope"}, tuple(mechanisms.REGISTRY))
+    return Case(ALL, every_mechanism(), tuple(mechanisms.REGISTRY))
 
 
 def ablation_variants(name: str) -> list[Case]:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tokenizers
 import torch
+from conftest import every_mechanism, mechanism_examples
 from test_hf_ecosystem import LLAMA, TEXT, byte_tokenizer, char_tokenizer, fitted_model
 
 from attnlab.data.tokenizer import UNK, Tokenizer
@@ -33,17 +34,11 @@ from attnlab.export.onnx import (
     cache_slots,
     plain_cache,
 )
-from attnlab.model import mechanisms
 
 PROMPT = "The quick"
 NEW_TOKENS = 8
 # every registered mechanism alone (its SPEC's example) and all of them together, on GQA
-MECHANISMS = {name: mechanisms.module(name).SPEC.example for name in mechanisms.REGISTRY}
-MECHANISMS["all"] = {
-    **{k: v for example in MECHANISMS.values() for k, v in example.items()},
-    "n_kv_head": 2,
-    "pos": "rope",
-}
+MECHANISMS = {**mechanism_examples(), "all": every_mechanism()}
 # name -> (model overrides, tokenizer kind): a plain cache, GQA, and a packed cache
 EXPORTS = {
     "gpt2": ({}, "char"),

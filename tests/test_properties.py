@@ -3,35 +3,62 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, find, given, settings
 from hypothesis import strategies as st
 
 from attnlab.config import CHOICES, ROPE_THETA, ModelConfig
 from attnlab.data.bins import BatchSampler
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.model import mechanisms
 from attnlab.model.generation import filter_logits
 from attnlab.model.mechanisms import choices
 
 FAST = settings(max_examples=40, deadline=None)
-MECHANISM_CHOICES = choices()
+ALL_CHOICES = {**CHOICES, **choices()}
+TEXT_CHOICES = sorted(
+    n for n, allowed in ALL_CHOICES.items() if all(isinstance(a, str) for a in allowed)
+)
+
+
+DEFAULTS = ModelConfig().to_dict()
+
+
+@st.composite
+def mechanism_fields(draw) -> dict:
+    """Each registered mechanism on or off; one that is on has its SPEC example with every other
+    field it owns drawn (a bool either way, a choice field from its choices, an int switch from
+    2 to 4)."""
+    drawn: dict = {}
+    for spec in mechanisms.specs():
+        if not draw(st.booleans()):
+            continue
+        drawn.update({k: v for k, v in spec.example.items() if k in spec.fields})
+        for name in spec.fields:
+            default = DEFAULTS[name]
+            if name in spec.choices:
+                drawn[name] = draw(st.sampled_from(spec.choices[name]))
+            elif isinstance(default, bool):
+                drawn[name] = draw(st.booleans()) if name not in spec.switch else True
+            elif isinstance(default, int) and name in spec.switch:
+                drawn[name] = draw(st.integers(2, 4))
+    return drawn
 
 
 @st.composite
 def valid_model_configs(draw) -> dict:
-    """Keyword arguments of a valid ModelConfig (sizes kept small; every component and flag)."""
+    """Keyword arguments of a valid ModelConfig (sizes kept small; every backbone component,
+    every registered mechanism's fields)."""
     pos = draw(st.sampled_from(CHOICES["pos"]))
     n_head = draw(st.integers(1, 8))
     head_dim = draw(st.integers(1, 8)) * (2 if pos == "rope" else 1)
     kv_divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
-    use_m_gate = draw(st.booleans())
-    # fields that act only with another one are drawn only with it (alone they are refused)
-    value_gate, rounds = draw(st.booleans()), draw(st.integers(1, 4))
-    return dict(
+    kwargs = dict(
         block_size=draw(st.integers(1, 4096)), vocab_size=draw(st.integers(1, 70000)),
         n_layer=draw(st.integers(1, 48)), n_head=n_head, n_embd=n_head * head_dim,
         dropout=draw(st.floats(0.0, 0.99)), bias=draw(st.booleans()),
@@ -43,26 +70,23 @@ def valid_model_configs(draw) -> dict:
         d_ffn=draw(st.none() | st.integers(1, 2048)),
         ffn_sublayers=draw(st.sampled_from(CHOICES["ffn_sublayers"])),
         n_kv_head=draw(st.none() | st.sampled_from(kv_divisors)),
-        tie_embeddings=draw(st.booleans()), use_m_gate=use_m_gate,
-        m_gate_detached=use_m_gate and draw(st.booleans()),
-        m_inject=draw(st.sampled_from(MECHANISM_CHOICES["m_inject"])) if use_m_gate else "kv",
-        value_gate=value_gate,
-        value_gate_init=draw(st.sampled_from(MECHANISM_CHOICES["value_gate_init"]))
-        if value_gate else "normal",
-        boost_rounds=rounds,
-        boost_gate=draw(st.sampled_from(MECHANISM_CHOICES["boost_gate"])) if rounds > 1
-        else "linear",
-        boost_kv_source=draw(st.sampled_from(MECHANISM_CHOICES["boost_kv_source"]))
-        if rounds > 1 else "residual",
-        twicing=draw(st.booleans()),
+        tie_embeddings=draw(st.booleans()),
+        **draw(mechanism_fields()),
     )  # fmt: skip
+    config = SimpleNamespace(**{**DEFAULTS, **kwargs})  # a combination a SPEC refuses: not drawn
+    assume(not any(rule.refuses(config) for spec in mechanisms.specs() for rule in spec.rules))
+    return kwargs
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_the_drawn_configs_set_every_field(name: str) -> None:
+    """A field added to ModelConfig (a new mechanism's) is drawn, or this fails naming it."""
+    find(valid_model_configs(), lambda kwargs: name in kwargs, settings=settings(database=None))
 
 
 @FAST
 @given(valid_model_configs())
 def test_model_config_round_trips_through_json(kwargs):
-    # the one refused pairing: the mlp boosting gate reads softmax entropy, twicing has none
-    assume(not (kwargs["twicing"] and kwargs["boost_gate"] == "mlp" and kwargs["boost_rounds"] > 1))
     config = ModelConfig(**kwargs)
     again = ModelConfig.from_dict(json.loads(config.to_json()))
     assert again == config
@@ -72,45 +96,24 @@ def test_model_config_round_trips_through_json(kwargs):
     assert again.n_kv_head == (kwargs["n_kv_head"] or kwargs["n_head"])
 
 
+# the sizes that must be positive: the backbone's and every mechanism's integer switch
+POSITIVE = ["block_size", "vocab_size", "n_layer", "n_head", "n_embd", "d_ffn", "n_kv_head"] + [
+    name for spec in mechanisms.specs() for name in spec.switch if type(DEFAULTS[name]) is int
+]
+
+
 @st.composite
 def invalid_model_configs(draw) -> tuple[dict, str]:
     """(kwargs, name of the offending field): a valid config with one field broken."""
     kwargs = draw(valid_model_configs())
     kind = draw(st.sampled_from(["not_positive", "choice", "type", "divisible", "dropout"]))
     if kind == "not_positive":
-        name = draw(
-            st.sampled_from(
-                [
-                    "block_size",
-                    "vocab_size",
-                    "n_layer",
-                    "n_head",
-                    "n_embd",
-                    "d_ffn",
-                    "n_kv_head",
-                    "boost_rounds",
-                ]
-            )
-        )
+        name = draw(st.sampled_from(POSITIVE))
         kwargs[name] = draw(st.integers(-1000, 0))
-    elif kind == "choice":
-        name = draw(
-            st.sampled_from(
-                [
-                    "norm",
-                    "pos",
-                    "mlp",
-                    "norm_placement",
-                    "value_gate_init",
-                    "boost_gate",
-                    "boost_kv_source",
-                ]
-            )
-        )
+    elif kind == "choice":  # every field with string choices: a misspelt one
+        name = draw(st.sampled_from(TEXT_CHOICES))
         kwargs[name] = draw(
-            st.text(min_size=1, max_size=8).filter(
-                lambda s: s not in {**CHOICES, **MECHANISM_CHOICES}[name]
-            )
+            st.text(min_size=1, max_size=8).filter(lambda s: s not in ALL_CHOICES[name])
         )
     elif kind == "type":
         name = draw(st.sampled_from(["n_layer", "block_size", "bias", "dropout"]))

@@ -265,7 +265,7 @@ def test_variants_restricts_training_not_the_results(
     from attnlab.studies.kinds import lm, lm_report
 
     monkeypatch.setattr(lm, "time_steps", fixed_pace())  # the budget is 6 iterations, at once
-    monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)  # 0.8 s per publish
+    monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)  # figures: not checked here
     spec_file = tmp_path / "three-arms.toml"
     spec_file.write_text(THREE_ARMS)
     out = tmp_path / "study"

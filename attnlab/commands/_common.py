@@ -1,20 +1,45 @@
-"""Pieces the decoding commands (sample, chat) share: announced compiling and streamed text;
-and --threads, which bench takes too."""
+"""Pieces the command modules share: registering sub-commands and typing path arguments; for
+the decoding commands (sample, chat), announced compiling and streamed text; and --threads,
+which bench takes too."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
 import os
+import pkgutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from types import ModuleType
 from typing import Any
 
-from attnlab.cli import silence_stdout
 from attnlab.config import check_seed
 from attnlab.errors import ConfigError
 
 REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes half a UTF-8 character to
+
+
+def path_arg(text: str) -> str:
+    """The argparse ``type`` of every argument that names a file or folder: the CLI refuses an
+    empty one (it meant the default or the current folder, silently) and one that is not UTF-8
+    (it failed in tensorboard, JSON or tokenizers after writing had begun) before the command
+    runs. The value stays the text given."""
+    return text
+
+
+def register_all(subparsers: argparse._SubParsersAction, package: ModuleType) -> None:
+    """Import every module of ``package`` (skipping private ones) and call its ``register``."""
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{info.name}").register(subparsers)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader went away: the interpreter's last flush would
+    otherwise fail and complain."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def check_sampling_args(args: Any) -> None:

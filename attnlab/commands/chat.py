@@ -8,6 +8,7 @@ import importlib
 import sys
 from typing import Any
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 
 HELP = "type a message; /help lists the commands"
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=f"Chat with RUN (a run or model folder); {HELP}. "
         "Reads stdin line by line, so it also works through a pipe.",
     )
-    p.add_argument("model", metavar="RUN")
+    p.add_argument("model", type=path_arg, metavar="RUN")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     p.add_argument(
         "--top-p", type=float, default=0.9, help="sample from the fewest tokens reaching p"

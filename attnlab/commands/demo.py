@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnlab.commands._common import path_arg
 from attnlab.fsutil import holds_only, replace_folder
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--out",
+        type=path_arg,
         default="runs/demo",
         help="run folder (default runs/demo); a previous demo run there is replaced, "
         "anything else is refused",

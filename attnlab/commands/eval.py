@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 from attnlab.rundir import run_data_dir, run_data_splits
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="loss and perplexity over a whole split (JSON)")
-    p.add_argument("model", metavar="RUN_OR_FOLDER")
+    p.add_argument("model", type=path_arg, metavar="RUN_OR_FOLDER")
     p.add_argument("--split", choices=("val", "train"), default="val")
-    p.add_argument("--data", help="prepared data folder (default: the run's own data)")
+    p.add_argument(
+        "--data", type=path_arg, help="prepared data folder (default: the run's own data)"
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=run)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # the format names are spelled out (not imported from attnlab.export) to keep torch out of --help
     p = subparsers.add_parser(
         "export", help="write safetensors / bin / TorchScript / ONNX / int8 ONNX"
     )
-    p.add_argument("model", metavar="RUN_OR_FOLDER")
+    p.add_argument("model", type=path_arg, metavar="RUN_OR_FOLDER")
     p.add_argument(
         "--formats",
         default="all",
@@ -19,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--out",
+        type=path_arg,
         required=True,
         metavar="DIR",
         help="folder to write (created if missing; an earlier export there is replaced whole)",

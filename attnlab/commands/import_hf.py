@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "import-hf",
         help="convert a local transformers GPT-2 / Llama folder into an attnlab model folder",
     )
-    p.add_argument("folder", metavar="FOLDER", help="config.json + model.safetensors or .bin")
-    p.add_argument("--out", required=True, metavar="DIR", help="attnlab model folder to write")
+    p.add_argument(
+        "folder", type=path_arg, metavar="FOLDER", help="config.json + model.safetensors or .bin"
+    )
+    p.add_argument(
+        "--out", type=path_arg, required=True, metavar="DIR", help="attnlab model folder to write"
+    )
     p.add_argument(
         "--overwrite", action="store_true", help="replace a non-empty --out that is not a model"
     )

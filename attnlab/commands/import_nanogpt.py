@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "import-nanogpt", help="convert a nanoGPT train.py checkpoint (ckpt.pt)"
     )
-    p.add_argument("ckpt", metavar="CKPT.pt")
+    p.add_argument("ckpt", type=path_arg, metavar="CKPT.pt")
     p.add_argument(
-        "--meta", metavar="meta.pkl", help="nanoGPT's char vocabulary, becomes tokenizer.json"
+        "--meta",
+        type=path_arg,
+        metavar="meta.pkl",
+        help="nanoGPT's char vocabulary, becomes tokenizer.json",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="model folder to write")
+    p.add_argument(
+        "--out", type=path_arg, required=True, metavar="DIR", help="model folder to write"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.set_defaults(func=run)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands._common import path_arg
 from attnlab.config import ModelConfig, split_overrides
 from attnlab.errors import AttnlabError
 from attnlab.presets import PRESETS, RENAMED, get_preset
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="config, parameters by component and FLOPs of a model",
         description="Describe a preset, run or model folder without loading weights.",
     )
-    p.add_argument("target", metavar="PRESET_OR_FOLDER")
+    p.add_argument("target", type=path_arg, metavar="PRESET_OR_FOLDER")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model fields to change first")
     p.set_defaults(func=run, overrides_in="overrides")
 

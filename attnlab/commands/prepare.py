@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -14,6 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--corpus",
+        type=path_arg,
         nargs="+",
         metavar="SOURCE",
         help="'shakespeare' (embedded Gutenberg works, the default), 'shakespeare_char' (nanoGPT's, "
@@ -43,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--out",
+        type=path_arg,
         metavar="DIR",
         help="output folder (default for a shipped corpus: $ATTNLAB_HOME/data/shakespeare-char, "
         "shakespeare_char, ...); "

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 
 if TYPE_CHECKING:
@@ -18,14 +19,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="generate text from a run or model folder",
         description="Print the prompt and its continuation, token by token as they are generated.",
     )
-    p.add_argument("model", metavar="RUN_OR_FOLDER")
+    p.add_argument("model", type=path_arg, metavar="RUN_OR_FOLDER")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument(
         "--prompt",
         help="text to continue (default: a newline; for a bpe run, which has no token for one, "
         "the first token of its validation data)",
     )
-    prompt.add_argument("--prompt-file", metavar="FILE", help="continue the text of FILE (UTF-8)")
+    prompt.add_argument(
+        "--prompt-file", type=path_arg, metavar="FILE", help="continue the text of FILE (UTF-8)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 
 
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
+        type=path_arg,
         help="JSONL file (.jsonl or .jsonl.xz); default: the shipped "
         "Shakespeare instruction set (with --chat: the chat set)",
     )
@@ -41,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="write instruction pairs as ChatML turns too (and default to the chat set)",
     )
-    p.add_argument("--out", help="run folder to create")
-    p.add_argument("--resume", metavar="RUN2", help="continue the SFT run in RUN2")
+    p.add_argument("--out", type=path_arg, help="run folder to create")
+    p.add_argument("--resume", type=path_arg, metavar="RUN2", help="continue the SFT run in RUN2")
     p.add_argument(
         "args",
         nargs="*",

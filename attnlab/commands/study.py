@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 from attnlab.studies import SCALES, output
 from attnlab.studies.output import StudyDir
@@ -19,7 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"Writes {output.RESULTS_JSON}, {output.RESULTS_CSV}, {output.STUDY_JSON} and "
         f"{output.REPORT} (figures in {output.FIGURES}/) in --out.",
     )
-    p.add_argument("study", nargs="?", help="shipped study name (see --list) or a study TOML file")
+    p.add_argument(
+        "study",
+        type=path_arg,
+        nargs="?",
+        help="shipped study name (see --list) or a study TOML file",
+    )
     p.add_argument("--list", action="store_true", help="list the shipped studies")
     p.add_argument(
         "--preset",
@@ -28,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cores: early training), converged (a plateau on 2 cores, hours; the studies that have "
         "one), paper (the seed's settings)",
     )
-    p.add_argument("--out", help="study folder (re-running it skips finished runs)")
+    p.add_argument("--out", type=path_arg, help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
     p.add_argument(
         "--jobs",
@@ -36,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="runs in parallel processes (threads split between them)",
     )
-    p.add_argument("--data", help="prepared data folder for every run (default: the study's)")
+    p.add_argument(
+        "--data", type=path_arg, help="prepared data folder for every run (default: the study's)"
+    )
     p.add_argument(
         "--variants",
         help="comma-separated variants to train (default: all); the results and report still "
@@ -50,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--reuse-from",
+        type=path_arg,
         action="append",
         metavar="STUDY_DIR",
         help="another study folder (repeatable): a run it trained identically (the same "
@@ -64,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--publish",
+        type=path_arg,
         metavar="DIR",
         help=f"train nothing: copy the study in --out without its runs ({output.REPORT}, "
         f"{output.RESULTS_JSON}, {output.RESULTS_CSV}, {output.STUDY_JSON}, "

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnlab.commands._common import path_arg
 from attnlab.config import split_overrides
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_writable, refuse_foreign, refuse_source_inside, replace_folder
@@ -31,23 +32,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset", help="named preset (see `attnlab presets`); default shakespeare-char"
     )
-    p.add_argument("--config", help="TOML file with [model] / [train] tables or flat keys")
+    p.add_argument(
+        "--config", type=path_arg, help="TOML file with [model] / [train] tables or flat keys"
+    )
     p.add_argument(
         "--data",
+        type=path_arg,
         help="prepared data folder (default: the embedded corpus, prepared on first use); with "
         "--resume: where the run's data is now, if it moved (checked against the run's record)",
     )
-    p.add_argument("--out", help="run folder to create")
+    p.add_argument("--out", type=path_arg, help="run folder to create")
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a non-empty --out: the new run is trained beside it and swapped in at the end",
     )
     p.add_argument(
-        "--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint"
+        "--resume",
+        type=path_arg,
+        metavar="RUN",
+        help="continue the run in RUN from its latest checkpoint",
     )
     p.add_argument(
         "--init-from",
+        type=path_arg,
         metavar="FOLDER",
         help="start a new run from the weights and tokenizer of a run, model or export folder, "
         "an import-hf folder or a Hugging Face GPT-2 / Llama / attnlab folder (the model is "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -14,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its model, a run's checkpoints against its config.json. Prints one line; exit 2 "
         "names what is wrong.",
     )
-    p.add_argument("folder", metavar="FOLDER", help="a data, run or model folder")
+    p.add_argument("folder", type=path_arg, metavar="FOLDER", help="a data, run or model folder")
     p.set_defaults(func=run)
 
 

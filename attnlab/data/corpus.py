@@ -375,8 +375,7 @@ def _unresolved_hub_host() -> str | None:
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
     """The Hugging Face libraries in offline mode during the block: a cached dataset loads from
-    the cache, and anything else fails at once instead of after the libraries' retries (about
-    25 s)."""
+    the cache, and anything else fails at once instead of after the libraries' retries."""
     import datasets
     from huggingface_hub import constants
 

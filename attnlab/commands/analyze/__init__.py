@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnlab.cli import register_all
+from attnlab.commands._common import path_arg, register_all
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable
 
@@ -27,8 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_common_args(parser: Any, sequences: int = 50) -> None:
     """RUN, --data, --sequences, --out, --device: the arguments every attention analysis takes."""
-    parser.add_argument("run", metavar="RUN", help="a run folder or model folder")
-    parser.add_argument("--data", help="prepared data folder (default: the run's own data)")
+    parser.add_argument("run", type=path_arg, metavar="RUN", help="a run folder or model folder")
+    parser.add_argument(
+        "--data", type=path_arg, help="prepared data folder (default: the run's own data)"
+    )
     parser.add_argument(
         "--sequences",
         type=int,
@@ -36,7 +38,9 @@ def add_common_args(parser: Any, sequences: int = 50) -> None:
         help=f"validation windows to average over (default {sequences})",
     )
     parser.add_argument(
-        "--out", help="output folder (default: RUN/analysis; needed when RUN is a model folder)"
+        "--out",
+        type=path_arg,
+        help="output folder (default: RUN/analysis; needed when RUN is a model folder)",
     )
     parser.add_argument("--device", default="cpu")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.analyze import add_common_args, out_dir
 from attnlab.errors import AttnlabError
 
@@ -18,7 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "attention", help="attention weights of chosen tokens per round (Figure 6)"
     )
     add_common_args(p)
-    p.add_argument("--baseline", metavar="RUN", help="a standard model to compare with (same data)")
+    p.add_argument(
+        "--baseline",
+        type=path_arg,
+        metavar="RUN",
+        help="a standard model to compare with (same data)",
+    )
     p.add_argument(
         "--tokens",
         help="comma-separated query positions in window --sequence (default: with --baseline "

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.analyze import add_common_args, out_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("entropy", help="attention entropy per round and layer (Figure 5)")
     add_common_args(p)
-    p.add_argument("--baseline", metavar="RUN", help="a standard model to compare with (same data)")
+    p.add_argument(
+        "--baseline",
+        type=path_arg,
+        metavar="RUN",
+        help="a standard model to compare with (same data)",
+    )
     p.set_defaults(func=run)
 
 

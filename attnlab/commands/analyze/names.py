@@ -9,19 +9,30 @@ import argparse
 import json
 from typing import Any
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.analyze import out_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("names", help="speaker names in generated text vs the training cast")
-    p.add_argument("run", metavar="RUN")
-    p.add_argument("run_b", metavar="RUN_B", nargs="?", help="a second run, reported side by side")
+    p.add_argument("run", type=path_arg, metavar="RUN")
+    p.add_argument(
+        "run_b",
+        type=path_arg,
+        metavar="RUN_B",
+        nargs="?",
+        help="a second run, reported side by side",
+    )
     p.add_argument("--samples", type=int, default=30, help="samples per run (default 30)")
     p.add_argument("--length", type=int, default=2000, help="tokens per sample (default 2000)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--data", help="prepared data folder for the cast (default: the run's own data)")
+    p.add_argument(
+        "--data",
+        type=path_arg,
+        help="prepared data folder for the cast (default: the run's own data)",
+    )
     p.add_argument(
         "--exact-window",
         action="store_true",
@@ -31,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--out",
+        type=path_arg,
         help="folder for names.csv, names_top.csv and names.png (default: RUN/analysis; needed "
         "when RUN is a model folder)",
     )

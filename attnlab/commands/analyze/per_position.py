@@ -9,17 +9,22 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands._common import path_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "per-position", help="per-position validation loss of two runs, B vs A"
     )
-    p.add_argument("run_a", metavar="RUN_A")
-    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("run_a", type=path_arg, metavar="RUN_A")
+    p.add_argument("run_b", type=path_arg, metavar="RUN_B")
     p.add_argument("--top", type=int, default=20, help="positions to list (default 20)")
-    p.add_argument("--data", help="prepared data folder (default: the runs' own data)")
+    p.add_argument(
+        "--data", type=path_arg, help="prepared data folder (default: the runs' own data)"
+    )
     p.add_argument(
         "--out",
+        type=path_arg,
         help="CSV of the top positions; the grouped tables and the PNG go next to it "
         "(default: RUN_B/analysis/per_position.csv; needed when RUN_B is a model folder)",
     )

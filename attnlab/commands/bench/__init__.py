@@ -11,8 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from attnlab.cli import register_all
-from attnlab.commands._common import apply_threads
+from attnlab.commands._common import apply_threads, register_all
 from attnlab.errors import AttnlabError
 from attnlab.plotting import check_figure_out
 

@@ -6,6 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.bench import add_threads_arg
 from attnlab.errors import AttnlabError
 
@@ -20,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     src.add_argument(
         "--model",
+        type=path_arg,
         metavar="DIR",
         help="an exported folder (its ONNX files are used) or a run/model folder (exported first)",
     )

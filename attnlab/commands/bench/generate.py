@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.bench import add_timing_args, figure_path, out_help, sizes
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"{QUICK['tokens']} tokens, {QUICK['reps']} repetition: a smoke test, not a measurement "
         "(a given --tokens or --reps is kept)",
     )
-    p.add_argument("--out", help=out_help("generate"))
+    p.add_argument("--out", type=path_arg, help=out_help("generate"))
     p.set_defaults(func=run)
 
 

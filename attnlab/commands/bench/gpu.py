@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 
 
@@ -17,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.split(": ", 1)[1],
     )
     p.add_argument("--device", default="auto", help="cuda (the default where one is), or cpu")
-    p.add_argument("--out", default="results/gpu", help="report folder (default results/gpu)")
+    p.add_argument(
+        "--out", type=path_arg, default="results/gpu", help="report folder (default results/gpu)"
+    )
     p.add_argument(
         "--smoke",
         action="store_true",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands._common import path_arg
 from attnlab.commands.bench import add_timing_args, figure_path, out_help, sizes
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"block {QUICK['block']}, {QUICK['reps']} repetition: a smoke test, not a measurement "
         "(a size flag given beside it is kept)",
     )
-    p.add_argument("--out", help=out_help("overhead"))
+    p.add_argument("--out", type=path_arg, help=out_help("overhead"))
     p.set_defaults(func=run)
 
 

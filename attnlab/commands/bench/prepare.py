@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 from attnlab.plotting import SMOKE
 
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab-size", type=int, default=4096, help="bpe/bytebpe vocabulary size")
     p.add_argument(
         "--scratch",
+        type=path_arg,
         metavar="DIR",
         help="where the generated corpora and data folders go (default: the system's temp folder)",
     )
