@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from attnlab.data.chat import (
     record_segments,
     targets,
 )
+from attnlab.data.corpus import SPLITS
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
@@ -204,6 +206,10 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
     # tokens/s counts the positions actually run, which vary from batch to batch here
     assert 10 * 4 * 16 <= trainer.state.tokens <= 10 * 4 * 24
     assert summary["tokens_per_s"] == trainer.state.tokens / trainer.state.train_seconds
+    # the data folder records its largest id as prepare's do (load_dataset then skips a scan)
+    meta = json.loads((tmp_path / "sft" / "sft_data" / "meta.json").read_text())
+    bins = [np.fromfile(tmp_path / "sft" / "sft_data" / f"{s}.bin", meta["dtype"]) for s in SPLITS]
+    assert meta["max_token_id"] == max(int(b.max()) for b in bins) == vocab + 1  # <|im_end|>
 
     interrupted = sft.start(tmp_path / "pre", tmp_path / "sft2", data, overrides=over, quiet=True)
     interrupted.run(until=5)

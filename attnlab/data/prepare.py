@@ -226,8 +226,14 @@ def prepare(
         if sample is not None:
             meta["tokenizer_sample"] = sample.record()
         meta["provenance"] = corpus.provenance()
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_meta(tmp, meta)
     return out
+
+
+def write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """A prepared folder's meta.json, written last: ``load_dataset`` trusts the recorded
+    ``max_token_id`` only for bins not changed after it."""
+    (folder / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
 def _check_split(corpus: CorpusStream, val_fraction: float, names: str) -> None:

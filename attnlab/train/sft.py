@@ -30,6 +30,7 @@ from attnlab.data.chat import (
     response_texts,
     targets,
 )
+from attnlab.data.prepare import TOKENIZER_FILE, write_meta
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError
@@ -185,6 +186,7 @@ def _write_data(
     splits["train"] = [r for r in kept if id(r) not in held]
     folder.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.kind}
+    largest = 0
     for split, recs in splits.items():
         (folder / f"{split}.jsonl").write_text(
             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
@@ -192,6 +194,7 @@ def _write_data(
         ids = [t for r in recs for t in encode_record(tokenizer, r, chat)[0]]
         meta["dtype"] = write_tokens(folder / f"{split}.bin", ids, tokenizer.vocab_size)
         meta[f"{split}_tokens"] = len(ids)
+        largest = max(largest, *ids)
     meta["provenance"] = {
         "sft_source": source,
         "records": {k: len(v) for k, v in splits.items()},
@@ -199,9 +202,10 @@ def _write_data(
         "cut": cut,
         "split": f"every {VAL_EVERY}th record is validation",
     }
-    tokenizer.save(folder / "tokenizer.json")
-    write_json(folder / "meta.json", meta)
+    meta["max_token_id"] = largest
+    tokenizer.save(folder / TOKENIZER_FILE)
     write_json(folder / SFT_FILE, {"chat": chat, "source": source})
+    write_meta(folder, meta)
     return dropped, cut
 
 
