@@ -98,3 +98,20 @@ def test_help_loads_neither_torch_nor_numpy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_no_two_parts_of_the_package_import_each_other() -> None:
+    """Within a layer imports may go either way, but not both: train reading exports through
+    export while export saves through train made the two one tangle."""
+
+    def part(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    edges = {
+        (part(module_name(path)), part(name))
+        for path in sources()
+        for name in imports(path)
+        if name.startswith("attnlab.") and part(name) != part(module_name(path))
+    }
+    both = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert both == []

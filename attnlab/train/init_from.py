@@ -20,8 +20,8 @@ from attnlab.config import ModelConfig
 from attnlab.data.prepare import load_dataset
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.export.hf import read_hf_folder
 from attnlab.train import checkpoint as ckpt
+from attnlab.train.hf_folder import read_hf_folder
 from attnlab.train.sft import check_model_overrides
 from attnlab.train.spec import RunSpec, data_folder
 
