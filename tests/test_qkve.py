@@ -19,7 +19,7 @@ QKVE = dict(norm="rmsnorm", pos="rope", mlp="swiglu", d_ffn=48, ffn_sublayers=2,
 
 
 def test_qkve_61m_parameter_count_by_component() -> None:
-    from attnlab.commands.info import parameter_counts
+    from attnlab.model.summary import parameter_counts
 
     cfg = ModelConfig.preset("qkve-61m")
     with torch.device("meta"):

@@ -12,9 +12,9 @@ from conftest import ROOT
 
 @pytest.mark.parametrize("preset", ["qkve-small", "gba-lm-twicing", "kv-bias-shakespeare-char"])
 def test_info_shapes_match_a_real_build(preset: str) -> None:
-    from attnlab.commands.info import parameter_counts, shapes_only
     from attnlab.config import ModelConfig
     from attnlab.model import GPT
+    from attnlab.model.summary import parameter_counts, shapes_only
 
     config = ModelConfig.preset(preset)
     fast, real = shapes_only(config), GPT(config)
@@ -26,7 +26,7 @@ def test_info_build_does_not_import_dynamo() -> None:
     """What made `info qkve-61m` take seconds: meta-device kernels pull in torch._dynamo."""
     code = (
         "import sys\n"
-        "from attnlab.commands.info import shapes_only\n"
+        "from attnlab.model.summary import shapes_only\n"
         "from attnlab.config import ModelConfig\n"
         "m = shapes_only(ModelConfig.preset('qkve-61m'))\n"
         "print(sum(p.numel() for p in m.parameters()), 'torch._dynamo' in sys.modules)"

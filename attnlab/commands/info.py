@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from attnlab.commands._common import path_arg
 from attnlab.config import ModelConfig, split_overrides
 from attnlab.errors import AttnlabError
 from attnlab.presets import PRESETS, RENAMED, get_preset
-
-COMPONENTS = ("embeddings", "attention", "ffn", "norms", "mechanisms")
-# export formats that hold a traced graph, not weights PyTorch loads into a GPT
-GRAPH_FORMATS = ("torchscript", "onnx", "onnx-int8")
-_BLOCK_PARAM = re.compile(r"^transformer\.h\.\d+\.(?:(attn)\.)?([^.]+)\.")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,39 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, overrides_in="overrides")
 
 
-def parameter_counts(model: Any) -> dict[str, int]:
-    """Parameters per component (shared tensors once), mechanism parts by name, and the total.
-
-    attention = c_attn + c_proj + the mechanism parts that live in the attention (e.g. the value
-    gate ``attn.W_E``, also listed alone); mechanisms = parts that live in the block.
-    """
-    from attnlab.model.mechanisms import parts_for
-
-    attn_parts = {p.name for p in parts_for(model.config, "attn")}
-    block_parts = {p.name for p in parts_for(model.config, "block")}
-    counts = dict.fromkeys(COMPONENTS, 0)
-    for name, p in model.named_parameters():
-        match = _BLOCK_PARAM.match(name)
-        inner = match.group(2) if match else ""
-        if match and match.group(1):
-            counts["attention"] += p.numel()
-            if inner in attn_parts:
-                counts[f"attn.{inner}"] = counts.get(f"attn.{inner}", 0) + p.numel()
-        elif inner in block_parts:
-            counts["mechanisms"] += p.numel()
-            counts[f"block.{inner}"] = counts.get(f"block.{inner}", 0) + p.numel()
-        elif inner.startswith("mlp"):
-            counts["ffn"] += p.numel()
-        elif inner.startswith("ln_") or name.startswith("transformer.ln_f."):
-            counts["norms"] += p.numel()
-        elif name.startswith(("transformer.wte.", "transformer.wpe.", "lm_head.")):
-            counts["embeddings"] += p.numel()
-        else:
-            raise ValueError(f"parameter {name} belongs to no known component")
-    counts["total"] = sum(counts[c] for c in COMPONENTS)
-    return counts
-
-
 def folder_config(target: str) -> tuple[ModelConfig, str | None]:
     """The ModelConfig of a run or model folder, and None; for an export with graphs but no
     PyTorch weights (``export --formats onnx``), the one in its config.json and a line saying
@@ -71,7 +31,7 @@ def folder_config(target: str) -> tuple[ModelConfig, str | None]:
 
     info never reads weights, so such an export's config.json tells all that info shows.
     """
-    from attnlab.export.folder import FILES
+    from attnlab.export.folder import FILES, GRAPH_FORMATS
     from attnlab.train.checkpoint import CONFIG, model_folder, read_model_config
 
     try:
@@ -114,33 +74,9 @@ def load_config(target: str, overrides: list[str]) -> tuple[ModelConfig, str | N
     return ModelConfig.preset(target, **model_over), None
 
 
-def shapes_only(config: Any) -> Any:
-    """The GPT of ``config`` with its initialisation skipped: right shapes, values never written.
-
-    Not the meta device: meta kernels of normal_, arange and friends import torch._dynamo, which
-    costs seconds. Uninitialised CPU storage is as cheap (the pages are never touched).
-    """
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    from attnlab.model import GPT
-
-    class SkipInit(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-            kwargs = kwargs or {}
-            if getattr(func, "__module__", None) == "torch.nn.init" or func in (
-                torch.Tensor.normal_,
-                torch.Tensor.uniform_,
-            ):
-                return args[0] if args else kwargs["tensor"]
-            return func(*args, **kwargs)
-
-    with SkipInit():
-        return GPT(config)
-
-
 def run(args: argparse.Namespace) -> int:
     from attnlab.model.memory import check_fits
+    from attnlab.model.summary import COMPONENTS, parameter_counts, shapes_only
 
     config, note = load_config(args.target, args.overrides)
     check_fits(config, "cpu", what=args.target)  # shapes_only allocates the weights on the CPU

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from attnlab.commands._common import path_arg
 
@@ -59,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.data.prepare import META_FILE, prepare
+    from attnlab.data.prepare import prepare, read_meta
 
     out = prepare(
         args.corpus,
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         progress=True,
         tokenizer_sample=args.tokenizer_sample,
     )
-    meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
+    meta = read_meta(out)
     n_docs = len(meta["provenance"]["documents"])
     print(
         f"{meta['provenance']['name']} ({n_docs} documents): {meta['train_tokens']:,} train + "

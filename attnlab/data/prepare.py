@@ -118,9 +118,9 @@ def default_data_dir(
 
 def shipped_char_vocab_size(corpus: str = EMBEDDED) -> int:
     """The vocabulary of a shipped corpus as a char data folder (what char presets train on)."""
-    meta = default_data_dir(corpus=corpus) / META_FILE
-    if meta.is_file():
-        return int(_read_meta(meta)["vocab_size"])
+    folder = default_data_dir(corpus=corpus)
+    if is_data_folder(folder):
+        return int(read_meta(folder)["vocab_size"])
     text = CorpusStream([corpus])  # not prepared yet: count the characters prepare would find
     text.scan()
     return len(text.characters)
@@ -422,7 +422,7 @@ def fingerprint(meta: dict) -> dict[str, Any]:
 
 def read_fingerprint(data_dir: str | Path) -> dict[str, Any]:
     """``fingerprint`` of a prepared folder, from its meta.json alone."""
-    return fingerprint(_read_meta(Path(data_dir).expanduser() / META_FILE))
+    return fingerprint(read_meta(data_dir))
 
 
 def fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -478,7 +478,9 @@ class Dataset:
             )
 
 
-def _read_meta(path: Path) -> dict:
+def read_meta(folder: str | Path) -> dict:
+    """A prepared folder's meta.json, checked to hold the keys every reader needs."""
+    path = Path(folder).expanduser() / META_FILE
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -500,7 +502,7 @@ def start_tokens(tokenizer: Tokenizer, data_dir: str | Path | None) -> list[int]
         return ids
     # one token: the split memory-mapped alone (load_dataset opens both, and checks the ids)
     data_dir = Path(data_dir).expanduser()
-    val = read_tokens(data_dir / "val.bin", _read_meta(data_dir / META_FILE)["dtype"])
+    val = read_tokens(data_dir / "val.bin", read_meta(data_dir)["dtype"])
     if not val.size:  # a valid split (a tiny corpus), but one with no token to start from
         raise AttnlabError(f"{data_dir / 'val.bin'}: no tokens to start from")
     return [int(val[0])]
@@ -543,7 +545,7 @@ def load_dataset(data_dir: str | Path | None = None) -> Dataset:
     shipped = None if is_data_folder(data_dir) else shipped_default(data_dir)
     if shipped is not None:
         prepare_once(data_dir, **shipped)
-    meta = _read_meta(data_dir / META_FILE)
+    meta = read_meta(data_dir)
     tok = Tokenizer.load(data_dir / TOKENIZER_FILE)
     vocab_size = meta["vocab_size"]
     if tok.vocab_size != vocab_size:

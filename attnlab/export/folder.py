@@ -59,6 +59,8 @@ FILES = {
     "onnx-int8": INT8_FILE,
 }
 FORMATS = tuple(FILES)
+# the formats that hold a traced graph, not weights PyTorch loads into a GPT
+GRAPH_FORMATS = ("torchscript", "onnx", "onnx-int8")
 
 
 def parse_formats(text: str) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, replace_folder, write_json
 from attnlab.rundir import LOCK_FILE, RunDir, RunLock
+from attnlab.train.metrics import val_losses
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -218,17 +219,8 @@ def _refuse_publishing_over(dest: Path, name: str | None) -> None:
 
 
 def val_curve(run_dir: str | Path) -> dict[int, float]:
-    """Iteration -> validation loss at each evaluation in a run folder's metrics.csv ({} where
-    there is none)."""
-    path = RunDir(run_dir).metrics
-    if not path.is_file():
-        return {}
-    with path.open() as f:
-        return {
-            int(row["iter"]): float(row["val_loss"])
-            for row in csv.DictReader(f)
-            if row.get("val_loss")
-        }
+    """Iteration -> validation loss at each evaluation of a run folder ({} where there is none)."""
+    return val_losses(RunDir(run_dir).metrics)
 
 
 def val_change(curve: dict[int, float], iters: int) -> float | None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import platform
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from attnlab.data.prepare import META_FILE
+from attnlab.data.prepare import read_meta
 from attnlab.data.token_files import read_tokens, unigram_loss
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir
@@ -59,8 +58,8 @@ def data_provenance(folders: Iterable[str], known: dict[str, Any]) -> dict[str, 
     for folder in sorted(set(folders)):
         path, before = Path(folder), known.get(folder, {})
         try:
-            meta = json.loads((path / META_FILE).read_text())
-        except (OSError, ValueError):
+            meta = read_meta(path)
+        except AttnlabError:
             if before:
                 out[folder] = before
             continue

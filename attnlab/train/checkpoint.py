@@ -416,6 +416,18 @@ def model_mismatch(config: ModelConfig, folder: Path) -> str | None:
     return f"{fields} where {folder} was saved with {theirs}"
 
 
+def read_train_config(folder: Path) -> dict[str, Any]:
+    """The training fields a checkpoint was saved with ({} for a model folder without them)."""
+    path = folder / TRAIN_CONFIG
+    try:
+        recipe = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text at all
+        raise AttnlabError(f"cannot read {path}: {e}") from None
+    if not isinstance(recipe, dict):
+        raise AttnlabError(f"{path} must hold a JSON object, not {type(recipe).__name__}")
+    return recipe
+
+
 def read_model_config(folder: Path) -> ModelConfig:
     """The ModelConfig of a checkpoint or of an export (attnlab, GPT-2 or Llama config.json)."""
     path = folder / CONFIG

@@ -33,6 +33,15 @@ def read_rows(path: Path) -> list[list[str]]:
         ) from None
 
 
+def val_losses(path: Path) -> dict[int, float]:
+    """Iteration -> validation loss at each evaluation metrics.csv logged ({} without one)."""
+    rows = read_rows(path) if path.is_file() else []
+    if not rows or not {"iter", "val_loss"} <= set(rows[0]):
+        return {}
+    it, val = rows[0].index("iter"), rows[0].index("val_loss")
+    return {int(row[it]): float(row[val]) for row in rows[1:] if len(row) > val and row[val]}
+
+
 class MetricsLog:
     """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
 

@@ -284,13 +284,7 @@ def start(
     model_config = base.replace(
         **{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)}
     )
-    source_train = folder / ckpt.TRAIN_CONFIG
-    try:
-        recipe = json.loads(source_train.read_text()) if source_train.is_file() else {}
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text at all
-        raise AttnlabError(f"cannot read {source_train}: {e}") from None
-    if not isinstance(recipe, dict):
-        raise AttnlabError(f"{source_train} must hold a JSON object, not {type(recipe).__name__}")
+    recipe = ckpt.read_train_config(folder)
     train_config = TrainConfig.from_dict(with_scaled_schedule({**recipe, **DEFAULTS}, train_over))
     resolve_device(train_config.device)  # refused before anything is written
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
