@@ -214,12 +214,17 @@ class ModelConfig(_Serialisable):
             )
         for check in MECHANISM_CHECKS:
             check(self)
-        if self.norm_eps is None:
-            self.norm_eps = 1e-6 if self.norm == "rmsnorm" else 1e-5
-        if self.d_ffn is None:
-            self.d_ffn = 4 * self.n_embd
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
+        for name, value in self._derived().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+    def _derived(self) -> dict[str, Any]:
+        """What the fields given as None take, from the other fields."""
+        return {
+            "d_ffn": 4 * self.n_embd,
+            "n_kv_head": self.n_head,
+            "norm_eps": 1e-6 if self.norm == "rmsnorm" else 1e-5,
+        }
 
     def replace(self, **overrides: Any) -> ModelConfig:
         """A validated copy; fields left at their derived defaults are derived again.
@@ -228,12 +233,7 @@ class ModelConfig(_Serialisable):
         old 512; likewise n_kv_head follows n_head and norm_eps follows norm.
         """
         data = self.to_dict()
-        derived = {
-            "d_ffn": 4 * self.n_embd,
-            "n_kv_head": self.n_head,
-            "norm_eps": 1e-6 if self.norm == "rmsnorm" else 1e-5,
-        }
-        for name, default in derived.items():
+        for name, default in self._derived().items():
             if name not in overrides and data[name] == default:
                 data[name] = None
         return ModelConfig.from_dict({**data, **overrides})

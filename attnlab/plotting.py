@@ -80,9 +80,3 @@ def legend_outside(fig: Any, axes: list[Any], ncol: int = 3) -> Any:
     return fig.legend(
         handles.values(), handles.keys(), loc="outside lower center", ncol=ncol, fontsize=8
     )
-
-
-def labelled_lines(ax: Any) -> list[str]:
-    """Labels of the series drawn on ``ax`` (lines, bars, fills), skipping matplotlib's
-    unlabelled helpers; what a legend can show."""
-    return [label for label in ax.get_legend_handles_labels()[1] if not label.startswith("_")]

@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
-from attnlab.plotting import SMOKE, labelled_lines
+from attnlab.plotting import SMOKE
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def labelled_lines(ax) -> list[str]:
+    """Labels of the series drawn on ``ax`` (lines, bars, fills), skipping matplotlib's
+    unlabelled helpers: what a legend can show."""
+    return [label for label in ax.get_legend_handles_labels()[1] if not label.startswith("_")]
 
 
 def check_figure(fig: Any, png: Path, n_axes: int, title_has: str) -> list[Any]:

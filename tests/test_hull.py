@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 from scipy.spatial import ConvexHull
 
-from attnlab.analysis.hull import hull_distance, hull_distances
+from attnlab.analysis.hull import hull_distance
 
 SQUARE = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+
+
+def hull_distances(values: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+    """Causal distances: output t [T, d] against the hull of values[: t + 1]."""
+    return np.array([hull_distance(values[: t + 1], outputs[t]) for t in range(len(values))])
 
 
 def test_convex_combination_has_distance_zero() -> None:

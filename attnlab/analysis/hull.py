@@ -71,17 +71,6 @@ def hull_distance(points: np.ndarray, y: np.ndarray) -> float:
     return upper * scale
 
 
-def hull_distances(values: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-    """Causal distances: output t [T, d] against the hull of values[: t + 1]."""
-    values = np.asarray(values, dtype=np.float64)
-    outputs = np.asarray(outputs, dtype=np.float64)
-    if values.shape != outputs.shape or values.ndim != 2:
-        raise ValueError(
-            f"need values and outputs of one shape [T, d]; got {values.shape}, {outputs.shape}"
-        )
-    return np.array([hull_distance(values[: t + 1], outputs[t]) for t in range(len(values))])
-
-
 def hull_table(
     model: torch.nn.Module, x: torch.Tensor, positions: Sequence[int], progress: bool = False
 ) -> list[dict[str, float]]:

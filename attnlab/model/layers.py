@@ -64,10 +64,10 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
-    eps = float(config.norm_eps or 1e-5)
+    """The configured norm over n_embd (its eps derived from the norm unless set)."""
     if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd, eps)
-    return LayerNorm(config.n_embd, config.bias, eps)
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return LayerNorm(config.n_embd, config.bias, config.norm_eps)
 
 
 class MLP(nn.Module):
