@@ -253,6 +253,18 @@ class ModelConfig(_Serialisable):
         return cls.from_dict({**get_preset(name).model, **overrides})
 
 
+# how a training field stands to a run already under way (its ON_RESUME metadata): a FIXED one
+# is drawn on once, at the start (the model and batch stream from seed, the val batches from
+# eval_seed and eval_iters), so a resume could record another value but never honour it; an
+# INCIDENTAL one leaves the run's arithmetic alone, so a study may resume or reuse a run with
+# another value
+ON_RESUME, FIXED, INCIDENTAL = "on_resume", "fixed", "incidental"
+
+
+def _on_resume(kind: str, default: Any) -> Any:
+    return field(default=default, metadata={ON_RESUME: kind})
+
+
 @dataclass
 class TrainConfig(_Serialisable):
     """The optimisation recipe. Defaults are nanoGPT's train.py with a small char-level model in mind."""
@@ -270,14 +282,15 @@ class TrainConfig(_Serialisable):
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 disables clipping
     eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 10
-    ckpt_interval: int | None = None  # None: every eval_interval
-    seed: int = 1337
-    eval_seed: int = 2024  # fixed validation batches, identical across runs and variants
+    eval_iters: int = _on_resume(FIXED, 20)
+    log_interval: int = _on_resume(INCIDENTAL, 10)
+    ckpt_interval: int | None = _on_resume(INCIDENTAL, None)  # None: every eval_interval
+    seed: int = _on_resume(FIXED, 1337)
+    # fixed validation batches, identical across runs and variants
+    eval_seed: int = _on_resume(FIXED, 2024)
     device: str = "auto"
     dtype: str = "auto"
-    compile: bool = False
+    compile: bool = _on_resume(INCIDENTAL, False)
     max_seconds: float | None = None  # stop early after this much training time
     nan_policy: str = "stop"
     max_bad_steps: int = (
@@ -287,10 +300,9 @@ class TrainConfig(_Serialisable):
     hsdp: bool = False  # with fsdp: shard within a node, replicate across nodes
     sharded_checkpoints: bool = False  # with fsdp: each rank writes its shards
     dist_timeout: float = 600.0  # seconds; torch's default (30 min) hid a lost peer that long
-    tensorboard: bool = True
-    extra: dict[str, Any] = field(
-        default_factory=dict
-    )  # free-form notes (e.g. a study's variant name)
+    tensorboard: bool = _on_resume(INCIDENTAL, True)
+    # free-form notes (e.g. a study's variant name)
+    extra: dict[str, Any] = field(default_factory=dict, metadata={ON_RESUME: INCIDENTAL})
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -401,3 +413,8 @@ def split_overrides(pairs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         else:
             raise AttnlabError(unknown_key_message(key, model_keys + train_keys, "config"))
     return model, train
+
+
+def train_fields(on_resume: str) -> tuple[str, ...]:
+    """The TrainConfig fields of one ON_RESUME kind (FIXED or INCIDENTAL), in field order."""
+    return tuple(f.name for f in fields(TrainConfig) if f.metadata.get(ON_RESUME) == on_resume)

@@ -21,7 +21,7 @@ import torch
 
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench.timing import interleaved, synchronizer, train_step
-from attnlab.config import ModelConfig, TrainConfig
+from attnlab.config import INCIDENTAL, ModelConfig, TrainConfig, train_fields
 from attnlab.data.prepare import fingerprint_change, is_data_folder, read_fingerprint
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
@@ -230,8 +230,7 @@ def _new_trainer(job: Job, run_dir: Path) -> Trainer:
     )
 
 
-# train fields that leave a run's arithmetic alone: a run may be resumed with other values
-_INCIDENTAL = {"extra", "log_interval", "ckpt_interval", "tensorboard", "compile"}
+_INCIDENTAL = set(train_fields(INCIDENTAL))  # a run may be resumed or reused with other values
 
 
 def setup_differences(job: Job) -> list[str]:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from attnlab.config import ModelConfig, TrainConfig
+from attnlab.config import FIXED, ModelConfig, TrainConfig, train_fields
 from attnlab.data.bins import BatchSampler, fixed_batches
 from attnlab.data.prepare import fingerprint, load_dataset
 from attnlab.data.tokenizer import Tokenizer
@@ -69,9 +69,7 @@ def describe_device(device: torch.device, amp_dtype: torch.dtype | None) -> str:
     return f"{where}, {precision}"
 
 
-# training fields drawn on once for the whole run: a resume could record another value, never
-# honour it (the model and the batch stream came from seed; val losses from the eval batches)
-FIXED_ON_RESUME = ("seed", "eval_seed", "eval_iters")
+FIXED_ON_RESUME = train_fields(FIXED)  # a resume could record another value, never honour it
 
 
 @dataclass
