@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 from attnlab.errors import AttnlabError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
     from attnlab.config import ModelConfig, TrainConfig
+    from attnlab.data.tokenizer import Tokenizer
     from attnlab.model import GPT
 
 __version__ = "0.1.0"
@@ -26,7 +31,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
 
 
-def from_pretrained(path, device="cpu"):
+def from_pretrained(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[GPT, Tokenizer | None]:
     """Load a model folder (HF-style export or a run's checkpoint) as ``(model, tokenizer)``."""
     from attnlab.train.checkpoint import load_pretrained
 

@@ -454,7 +454,9 @@ def model_folder(path: str | Path) -> Path:
     )
 
 
-def load_pretrained(path: str | Path, device: str | torch.device = "cpu"):
+def load_pretrained(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[GPT, Tokenizer | None]:
     """(model in eval mode, tokenizer or None) from a model folder or a run folder."""
     folder = model_folder(path)
     config = read_model_config(folder)

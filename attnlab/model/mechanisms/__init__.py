@@ -60,7 +60,7 @@ from typing import Any
 
 from torch import nn
 
-from attnlab.config import MECHANISM_CHECKS, check_choice
+from attnlab.config import MECHANISM_CHECKS, ModelConfig, check_choice
 from attnlab.errors import ConfigError
 
 HOOKS = ("qkv", "core", "rounds", "output", "state", "mlp_input")
@@ -192,7 +192,7 @@ def attention_passes(config: Any) -> int:
     return math.prod(spec.attention_passes(config) for spec in specs() if spec.enabled(config))
 
 
-def parts_for(config, where: str) -> list[Part]:
+def parts_for(config: ModelConfig, where: str) -> list[Part]:
     """Every enabled part of every registered mechanism that lives in ``where``."""
     found = []
     for name in REGISTRY:
@@ -200,7 +200,7 @@ def parts_for(config, where: str) -> list[Part]:
     return found
 
 
-def attach(owner: nn.Module, config, where: str) -> dict[str, list[nn.Module]]:
+def attach(owner: nn.Module, config: ModelConfig, where: str) -> dict[str, list[nn.Module]]:
     """Create the parts that live in ``owner`` and return them grouped by hook."""
     validate(config)  # the config may predate this package's import (see the module docstring)
     hooks: dict[str, list[nn.Module]] = defaultdict(list)

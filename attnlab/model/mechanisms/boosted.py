@@ -23,10 +23,11 @@ The "mlp" gate reads the entropy of round-0 softmax weights, which Twicing does 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.functional import linear
 
 from attnlab.config import ModelConfig
+from attnlab.model.attention import Context
 from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 from attnlab.model.mechanisms.boost_gates import make_gate
@@ -70,7 +71,9 @@ class BoostedRounds(nn.ModuleList):
         # read by CausalSelfAttention: the mlp gate needs round-0 weights, so no SDPA-only path
         self.needs_weights = config.boost_gate == "mlp"
 
-    def add_rounds(self, x, F, w0, attn, ctx):
+    def add_rounds(
+        self, x: Tensor, F: Tensor, w0: Tensor | None, attn: nn.Module, ctx: Context
+    ) -> Tensor:
         entropy = attention_entropy(w0).mean(dim=1) if self.needs_weights else None  # [B, T]
         for m, rnd in enumerate(self, start=1):
             q, k, v = rnd.qkv(x - F, x)

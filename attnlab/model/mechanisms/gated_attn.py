@@ -30,9 +30,10 @@ boosted rounds the gate multiplies their final sum F.
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.model.attention import Context
 from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 
@@ -50,7 +51,7 @@ class OutputGate(Linear):
             if self.bias is not None:
                 nn.init.zeros_(self.bias)
 
-    def adjust_output(self, x: torch.Tensor, y: torch.Tensor, ctx) -> torch.Tensor:
+    def adjust_output(self, x: Tensor, y: Tensor, ctx: Context) -> Tensor:
         g = torch.sigmoid(self(x))
         if ctx.stats is not None:
             ctx.record("output_gate_mean", g.mean())

@@ -18,9 +18,10 @@ M (a signal destroyer at init, M ~ 0); "mlp_input" adds M to the MLP input.
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.model.attention import Context
 from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 
@@ -38,7 +39,9 @@ class KVBias(Linear):
         super().__init__(config.n_embd, 2 * config.kv_dim, bias=config.bias)
         self.detached = config.m_gate_detached
 
-    def adjust_qkv(self, x, q, k, v, ctx):
+    def adjust_qkv(
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: Context
+    ) -> tuple[Tensor, Tensor, Tensor]:
         if "M" not in ctx.state and not torch.is_grad_enabled():
             # block 0 without autograd: W_kvm(0) is exactly its bias, so no matmul (training
             # still runs it for the zero gradient AdamW decays)
@@ -61,7 +64,7 @@ class PurposeGate(Linear):
         super().__init__(config.n_embd, 2 * config.n_embd, bias=config.bias)
         self.last_layer = config.n_layer - 1
 
-    def update_state(self, h: torch.Tensor, ctx) -> None:
+    def update_state(self, h: Tensor, ctx: Context) -> None:
         if ctx.layer == self.last_layer:  # no block reads the last M: skip the dead matmul
             return
         m_prev = previous_m(h, ctx)
@@ -81,14 +84,14 @@ class PurposeGate(Linear):
 class OutputMul(nn.Module):
     """Failed attempt: y := y * M on the attention output (before c_proj)."""
 
-    def adjust_output(self, x: torch.Tensor, y: torch.Tensor, ctx) -> torch.Tensor:
+    def adjust_output(self, x: Tensor, y: Tensor, ctx: Context) -> Tensor:
         return y * previous_m(y, ctx)
 
 
 class MLPInput(nn.Module):
     """Failed attempt: M added to the MLP input."""
 
-    def adjust_mlp_input(self, h: torch.Tensor, ctx) -> torch.Tensor:
+    def adjust_mlp_input(self, h: Tensor, ctx: Context) -> Tensor:
         return h + previous_m(h, ctx)
 
 

@@ -8,17 +8,26 @@ token like K and V and cached decoding stays exact. Causal A stays causal.
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
-from attnlab.model.attention import attention, repeat_kv
+from attnlab.model.attention import Context, attention, repeat_kv
 from attnlab.model.mechanisms import Mechanism, Part
 
 
 class Twicing(nn.Module):
     """Replaces the attention core; keeps the caller's softmax(QK^T) for both passes."""
 
-    def core(self, q, k, v, ctx, slot, dropout_p, need_weights):
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        ctx: Context,
+        slot: str,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         y1, w = attention(q, k, v, dropout_p, need_weights, ctx.mask)
         t = q.size(2)
         v_new = repeat_kv(v.narrow(2, v.size(2) - t, t), q.size(1) // v.size(1))

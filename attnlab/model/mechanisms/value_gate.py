@@ -9,9 +9,10 @@ When composed with the K/V bias the gate multiplies the biased values.
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.model.attention import Context
 from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 
@@ -29,7 +30,9 @@ class ValueGate(Linear):
             if self.bias is not None:
                 nn.init.zeros_(self.bias)
 
-    def adjust_qkv(self, x, q, k, v, ctx):
+    def adjust_qkv(
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, ctx: Context
+    ) -> tuple[Tensor, Tensor, Tensor]:
         tanh = torch.tanh(self(x))
         if ctx.stats is not None:
             ctx.record("value_gate_mean", 1 + tanh.mean())
