@@ -55,6 +55,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The attnlab parser with every command module's sub-command registered."""
     parser = Parser(prog="attnlab", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -121,6 +122,8 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command in ``argv`` (sys.argv when None); the exit status: 0, or 2 with one
+    line on stderr for a bad input (a traceback only with --debug)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

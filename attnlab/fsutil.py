@@ -332,6 +332,7 @@ def disk_full(path: Path) -> bool:
 
 
 def no_space_message(path: Path | str) -> str:
+    """The one line a full disk gets while writing ``path``."""
     return f"no space left on device while writing {path}; nothing was lost"
 
 

@@ -15,6 +15,8 @@ from attnlab.errors import AttnlabError
 
 @dataclass(frozen=True)
 class Preset:
+    """A named architecture with its training recipe and the data it trains on by default."""
+
     description: str
     model: dict[str, Any]
     train: dict[str, Any] = field(default_factory=dict)

@@ -80,10 +80,12 @@ def load_baseline(path: str, like: torch.nn.Module, device: str = "cpu") -> torc
 
 
 def rounds_of(model: torch.nn.Module) -> int:
+    """The model's boosting rounds (1 for plain attention)."""
     return int(model.config.boost_rounds)
 
 
 def require_boosted(model: torch.nn.Module, what: str) -> None:
+    """Refuse ``what`` (an analysis) for a model with a single attention round."""
     if rounds_of(model) < 2:
         raise AttnlabError(
             f"{what} needs a boosted model (boost_rounds >= 2); this one has 1 round"
@@ -139,6 +141,7 @@ ANALYSIS_MARK = ".attnlab-analysis"
 
 
 def is_analysis_folder(folder: Path) -> bool:
+    """Whether ``folder`` was written by an analysis (it holds the ANALYSIS_MARK file)."""
     return (folder / ANALYSIS_MARK).is_file()
 
 

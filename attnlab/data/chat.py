@@ -107,6 +107,7 @@ def encode_segments(tokenizer: Tokenizer, segments: Segments) -> tuple[list[int]
 def encode_record(
     tokenizer: Tokenizer, record: dict[str, Any], chat: bool = False
 ) -> tuple[list[int], list[bool]]:
+    """(token ids, trained mask) of one SFT record, in ChatML when ``chat``."""
     return encode_segments(tokenizer, record_segments(record, chat))
 
 

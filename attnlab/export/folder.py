@@ -103,6 +103,7 @@ def with_rows(model: nn.Module, rows: int) -> nn.Module:
 
 
 def write_bin(sd: dict[str, torch.Tensor], path: Path) -> None:
+    """``pytorch_model.bin``: the state dict as torch.save writes it (what transformers reads)."""
     torch.save(sd, path)
 
 

@@ -106,6 +106,7 @@ class SwiGLU(nn.Module):
 
 
 def make_mlp(config: ModelConfig) -> nn.Module:
+    """The configured feed-forward layer: SwiGLU, or the GELU MLP."""
     return SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
 
 

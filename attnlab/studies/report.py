@@ -11,6 +11,7 @@ from attnlab.studies.spec import StudySpec
 
 
 def num(x: Any, fmt: str = ".4f") -> str:
+    """``x`` formatted for a report table; a dash for a missing or non-finite value."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     return f"{x:{fmt}}"
@@ -38,6 +39,7 @@ def p_cell(comparison: dict[str, Any]) -> str:
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a Markdown table, a blank line after it."""
     return [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -80,6 +80,8 @@ class Scale:
 
 @dataclass
 class StudySpec:
+    """A study as its TOML declares it: kind, variants, scales and comparisons."""
+
     name: str
     description: str
     kind: str

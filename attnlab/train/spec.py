@@ -28,6 +28,8 @@ DEFAULT_PRESET = "shakespeare-char"
 
 @dataclass
 class RunSpec:
+    """What one training run is: model, recipe, data, and whether the data sets the vocabulary."""
+
     model: ModelConfig
     train: TrainConfig
     data_dir: Path | None  # None: the embedded char corpus
@@ -36,6 +38,7 @@ class RunSpec:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is one AttnlabError line."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

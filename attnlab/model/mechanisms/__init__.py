@@ -71,6 +71,8 @@ REGISTRY = ("kv_bias", "value_gate", "twicing", "boosted", "gated_attn")
 
 @dataclass(frozen=True)
 class Part:
+    """One module a mechanism adds: where it lives, its attribute name, the hooks it serves."""
+
     where: str  # "attn" or "block"
     name: str  # attribute name on the owner, hence the state_dict key
     hooks: tuple[str, ...]
@@ -127,6 +129,7 @@ class Mechanism:
 
 
 def module(name: str) -> ModuleType:
+    """The mechanism module ``name`` (a REGISTRY entry)."""
     return importlib.import_module(f"{__name__}.{name}")
 
 
