@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnlab.commands._common import path_arg
-from attnlab.fsutil import holds_only, replace_folder
+from attnlab.fsutil import replace_folder
 
 if TYPE_CHECKING:
     from attnlab.train.spec import RunSpec
@@ -49,28 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def is_demo_run(folder: Path) -> bool:
-    """True for a folder this command wrote and nothing else: the DEMO_MARKER file beside a run's
-    files and folders, each holding only what a trainer writes there. Anything a user added (a
-    README, an ``analyze ... RUN`` analysis/ folder, a file in a checkpoint) makes it theirs."""
-    from attnlab.rundir import BEST, CONFIG, ENV, LATEST, LOCK_FILE, METRICS, SUMMARY, TENSORBOARD
-    from attnlab.train.checkpoint import MODEL_FILES, TRAIN_CONFIG, TRAINER_STATE
+    """True for a folder this command wrote and nothing else: the DEMO_MARKER file beside what a
+    trainer writes into a run. Anything a user added (a README, an ``analyze ... RUN``
+    analysis/ folder, a file in a checkpoint) makes it theirs."""
+    from attnlab.train.trainer import holds_only_run_files
 
-    def is_file(p: Path) -> bool:
-        return p.is_file() and not p.is_symlink()
-
-    def is_folder(p: Path) -> bool:
-        return p.is_dir() and not p.is_symlink()
-
-    def own(p: Path) -> bool:
-        if p.name in (LATEST, BEST):
-            return is_folder(p) and holds_only(p, {*MODEL_FILES, TRAIN_CONFIG, TRAINER_STATE})
-        if p.name == TENSORBOARD:
-            return is_folder(p) and all(
-                is_file(e) and e.name.startswith("events.out.tfevents.") for e in p.iterdir()
-            )
-        return p.name in (DEMO_MARKER, LOCK_FILE, CONFIG, ENV, METRICS, SUMMARY) and is_file(p)
-
-    return is_file(folder / DEMO_MARKER) and all(own(p) for p in folder.iterdir())
+    marker = folder / DEMO_MARKER
+    return (
+        marker.is_file() and not marker.is_symlink() and holds_only_run_files(folder, {DEMO_MARKER})
+    )
 
 
 def run(args: argparse.Namespace) -> int:

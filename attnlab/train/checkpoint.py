@@ -217,6 +217,12 @@ def _kill_hook(stage: str, save_number: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def holds_only_checkpoint_files(folder: Path) -> bool:
+    """Whether ``folder`` holds a checkpoint's files (a model folder's, the training config and
+    state) and nothing else."""
+    return holds_only(folder, {*MODEL_FILES, TRAIN_CONFIG, TRAINER_STATE})
+
+
 def is_model_folder(folder: Path) -> bool:
     """Whether ``folder`` is an attnlab model folder (write_model_folder's files, nothing else)."""
     return (

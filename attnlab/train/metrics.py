@@ -22,6 +22,9 @@ METRIC_COLUMNS = [
 ]
 
 
+TB_EVENTS_PREFIX = "events.out.tfevents."  # the files TensorBoard's writer adds to tb/
+
+
 def read_rows(path: Path) -> list[list[str]]:
     """metrics.csv's rows; a file that is not UTF-8 text (a damaged one) is one error line."""
     try:

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +44,23 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import no_space_message, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
-from attnlab.rundir import BEST, LATEST, RunConfig, RunDir, RunLock
+from attnlab.rundir import (
+    BEST,
+    CONFIG,
+    ENV,
+    LATEST,
+    LOCK_FILE,
+    METRICS,
+    SUMMARY,
+    TENSORBOARD,
+    RunConfig,
+    RunDir,
+    RunLock,
+)
 from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 from attnlab.train.environment import environment
-from attnlab.train.metrics import MetricsLog, read_rows
+from attnlab.train.metrics import TB_EVENTS_PREFIX, MetricsLog, read_rows
 
 
 def _count(n: float) -> str:
@@ -67,6 +79,28 @@ def describe_device(device: torch.device, amp_dtype: torch.dtype | None) -> str:
         where = f"{device}, {torch.get_num_threads()} threads"
     precision = f"{str(amp_dtype).removeprefix('torch.')} autocast" if amp_dtype else "float32"
     return f"{where}, {precision}"
+
+
+def holds_only_run_files(folder: Path, extra: Iterable[str] = ()) -> bool:
+    """Whether ``folder`` holds what a trainer writes into a run (and the files in ``extra``) and
+    nothing else: its records, checkpoints holding only checkpoint files, a tb/ of TensorBoard
+    event files. Links count as someone else's."""
+
+    def is_file(p: Path) -> bool:
+        return p.is_file() and not p.is_symlink()
+
+    def own(p: Path) -> bool:
+        if p.is_symlink():
+            return False
+        if p.name in (LATEST, BEST):
+            return p.is_dir() and ckpt.holds_only_checkpoint_files(p)
+        if p.name == TENSORBOARD:
+            return p.is_dir() and all(
+                is_file(e) and e.name.startswith(TB_EVENTS_PREFIX) for e in p.iterdir()
+            )
+        return p.name in {*extra, LOCK_FILE, CONFIG, ENV, METRICS, SUMMARY} and is_file(p)
+
+    return all(own(p) for p in folder.iterdir())
 
 
 FIXED_ON_RESUME = train_fields(FIXED)  # a resume could record another value, never honour it
