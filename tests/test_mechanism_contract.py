@@ -571,6 +571,8 @@ RECIPE_TESTS = [
     "tests/test_terminal.py",
     "tests/test_bench.py",
     "tests/test_studies.py",
+    "tests/test_padding.py",
+    "tests/test_properties.py",
 ]
 RECIPE_SELECTION = (
     "out_scale or one_line_of_help or presets_fields or bench_labels or bench_generate_quick "
