@@ -721,7 +721,7 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
     # eval_iters or eval_seed switched the validation batches mid-run (best/ compared both)
     p = attnlab("train", "--resume", str(run), "seed=5", "eval_iters=1", "max_iters=12")
     assert error_line(p, "train") == (
-        "cannot change on resume: seed=5 (the run's: 1337), eval_iters=1 (the run's: 4); a run "
+        "cannot change on resume: eval_iters=1 (the run's: 4), seed=5 (the run's: 1337); a run "
         "keeps the seed its weights and batches came from, and the validation batches its val "
         "losses and best/ compare (to score other batches: attnlab eval)"
     )
