@@ -263,3 +263,45 @@ def test_names_figure(tmp_path: Path) -> None:
         assert [t.get_text() for t in ax.texts] == ["60% real"] * 2 or [
             t.get_text() for t in ax.texts
         ] == ["40% real"] * 2
+
+
+def test_the_paired_figure_draws_what_each_t_test_weighs(tmp_path: Path) -> None:
+    """One row per comparison: each seed's difference where it is, the mean with its t interval,
+    the bootstrap interval and the seed's published difference where the comparison has them."""
+    from attnlab.studies.kinds.lm_report import plot_paired
+
+    losses = {"base": [1.50, 1.52, 1.49], "kv": [1.48, 1.53, 1.46], "wide": [1.47, 1.50, 1.45]}
+    runs = [
+        {"variant": v, "seed": s, "val_loss": loss, "status": "ok"}
+        for v, seeds in losses.items()
+        for s, loss in enumerate(seeds)
+    ]
+    runs.append({"variant": "kv", "seed": 3, "val_loss": None, "status": "failed"})
+    comparisons = [
+        {"variant": "kv", "baseline": "base", "seeds": [0, 1, 2], "n": 3, "mean_diff": -0.0133,
+         "ci95": [-0.05, 0.02], "bootstrap_ci95": [-0.03, 0.01], "claimed_diff": -0.043,
+         "p": 0.31},
+        {"variant": "wide", "baseline": "base", "seeds": [0, 1, 2], "n": 3, "mean_diff": -0.03,
+         "ci95": [-0.04, -0.02], "bootstrap_ci95": None, "claimed_diff": None, "p": 0.004},
+        {"variant": "none", "baseline": "base", "seeds": [], "n": 0, "ci95": None},
+    ]  # fmt: skip
+    results = {"runs": runs, "comparisons": comparisons}
+    fig = plot_paired(results, tmp_path / "paired.png", "study: paired differences")
+    (ax,) = check_figure(fig, tmp_path / "paired.png", 1, "study: paired differences")
+    assert set(labelled_lines(ax)) == {
+        "one seed", "mean, 95 % t interval", "bootstrap 95 %", "the seed's difference"
+    }  # fmt: skip
+    dots = [line for line in ax.get_lines() if line.get_label() == "one seed"]
+    assert [list(d.get_xdata()) for d in dots] == [
+        pytest.approx([-0.02, 0.01, -0.03]),
+        pytest.approx([-0.03, -0.02, -0.04]),
+    ]
+    assert [round(float(d.get_ydata().mean()), 6) for d in dots] == [1.0, 0.0]  # first on top
+    ticks = zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)
+    labels = {round(y): t.get_text() for y, t in ticks}
+    assert labels == {1: "kv\n− base\nn = 3, p = 0.3100", 0: "wide\n− base\nn = 3, p = 0.0040"}
+    # nothing to draw: no figure, no file
+    assert (
+        plot_paired({"runs": runs, "comparisons": comparisons[2:]}, tmp_path / "x.png", "t") is None
+    )
+    assert not (tmp_path / "x.png").exists()

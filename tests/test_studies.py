@@ -135,7 +135,7 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
 
     report = (out / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
-    assert "figures/curves.png" in images
+    assert "figures/curves.png" in images and "figures/paired.png" in images
     assert all(
         (out / img).is_file() and (out / img).read_bytes()[:4] == b"\x89PNG" for img in images
     )

@@ -15,6 +15,7 @@ from attnlab.studies.report import md_table, num, p_cell, p_value
 from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, MAX_SEEDS, POWER
 
 CURVES = "curves.png"
+PAIRED = "paired.png"
 # line styles and markers cycle independently of colours, so coinciding curves stay visible
 _STYLES = ("-", "--", "-.", ":")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -65,6 +66,14 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         *(f"- {verdict(c)}" for c in results["comparisons"]),
         "",
     ]
+    paired = plot_paired(results, study.out.figure(PAIRED), f"{spec.name}: paired differences")
+    if paired is not None:
+        lines += [
+            "## Paired differences",
+            "",
+            f"![each seed's difference, the mean with its 95 % CI]({figure_link(PAIRED)})",
+            "",
+        ]
     failed = [r for r in results["runs"] if r["status"] == "failed"]
     if failed:
         lines += [
@@ -432,3 +441,61 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     legend_outside(fig, [ax], ncol=2)
     save_figure(fig, path)
     return True
+
+
+def _paired_differences(results: dict[str, Any], comparison: dict[str, Any]) -> list[float]:
+    """The comparison's per-seed differences (variant - baseline final val loss), seed order."""
+    loss = {
+        (r["variant"], r["seed"]): r["val_loss"] for r in results["runs"] if r["status"] == "ok"
+    }
+    pairs = [(comparison["variant"], s, comparison["baseline"]) for s in comparison["seeds"]]
+    return [loss[v, s] - loss[b, s] for v, s, b in pairs if (v, s) in loss and (b, s) in loss]
+
+
+def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
+    """What each paired t-test weighs, drawn: one row per comparison with every seed's
+    difference, their mean with its 95 % t interval (and the bootstrap one where there are
+    seeds enough), and the seed's own difference where it published one. The figure, or None
+    when no comparison has seeds to draw. Needs only results.json, so --report-only redraws it."""
+    comparisons = [c for c in results["comparisons"] if c.get("seeds") and c.get("ci95")]
+    if not comparisons:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 1.8 + 0.75 * len(comparisons)), layout="constrained")
+    ticks = []
+    for row, c in enumerate(comparisons):
+        y = len(comparisons) - 1 - row  # the first comparison on top, as in the report's table
+        diffs = _paired_differences(results, c)
+        spread = 0.12 * (len(diffs) > 1)  # seeds side by side, not on one another
+        offsets = [spread * (2 * i / max(len(diffs) - 1, 1) - 1) for i in range(len(diffs))]
+        ax.plot(diffs, [y + o for o in offsets], "o", color="C0", mfc="none", label="one seed")
+        low, high = c["ci95"]
+        ax.errorbar(
+            c["mean_diff"],
+            y,
+            xerr=[[c["mean_diff"] - low], [high - c["mean_diff"]]],
+            fmt="D",
+            color="k",
+            capsize=5,
+            label="mean, 95 % t interval",
+        )
+        if c.get("bootstrap_ci95"):
+            ax.plot(c["bootstrap_ci95"], [y - 0.28] * 2, color="0.55", lw=3, label="bootstrap 95 %")
+        if c.get("claimed_diff") is not None:
+            ax.plot(
+                c["claimed_diff"], y, "x", color="C3", ms=10, mew=2, label="the seed's difference"
+            )
+        ticks.append((y, f"{c['variant']}\n− {c['baseline']}\nn = {c['n']}, p = {p_cell(c)}"))
+    ax.axvline(0.0, color="0.3", lw=0.8, ls="--", zorder=0)
+    ax.set_yticks([y for y, _ in ticks], [label for _, label in ticks], fontsize=8)
+    ax.set_ylim(-0.6, len(comparisons) - 0.4)
+    ax.set(
+        xlabel="difference in final validation loss (nats per token); below 0: the variant is "
+        "lower",
+        ylabel="comparison",
+        title=f"{title}\nper seed, variant minus baseline, same seed",
+    )
+    ax.grid(alpha=0.3, axis="x")
+    legend_outside(fig, [ax], ncol=4)
+    save_figure(fig, path)
+    return fig
