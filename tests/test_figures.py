@@ -282,15 +282,26 @@ def test_the_paired_figure_draws_what_each_t_test_weighs(tmp_path: Path) -> None
          "ci95": [-0.05, 0.02], "bootstrap_ci95": [-0.03, 0.01], "claimed_diff": -0.043,
          "p": 0.31},
         {"variant": "wide", "baseline": "base", "seeds": [0, 1, 2], "n": 3, "mean_diff": -0.03,
-         "ci95": [-0.04, -0.02], "bootstrap_ci95": None, "claimed_diff": None, "p": 0.004},
+         "ci95": [-2.0, 1.9], "bootstrap_ci95": None, "claimed_diff": None, "p": 0.004},
         {"variant": "none", "baseline": "base", "seeds": [], "n": 0, "ci95": None},
     ]  # fmt: skip
     results = {"runs": runs, "comparisons": comparisons}
     fig = plot_paired(results, tmp_path / "paired.png", "study: paired differences")
     (ax,) = check_figure(fig, tmp_path / "paired.png", 1, "study: paired differences")
     assert set(labelled_lines(ax)) == {
-        "one seed", "mean, 95 % t interval", "bootstrap 95 %", "the seed's difference"
+        "one seed", "mean, 95 % t interval", "bootstrap 95 %", "the seed's difference",
+        "interval runs on past the edge",
     }  # fmt: skip
+    # the x range shows every seed, 0 and the seed's difference; the far wider interval (two
+    # seeds' t(1)) is cut at both edges, the narrow one is shown whole
+    left, right = ax.get_xlim()
+    assert left < -0.05 < 0.02 < right and right - left < 0.5
+    heads = [
+        line for line in ax.get_lines() if line.get_label() == "interval runs on past the edge"
+    ]
+    assert sorted((h.get_marker(), float(h.get_xdata()[0])) for h in heads) == [
+        ("<", pytest.approx(left)), (">", pytest.approx(right))
+    ]  # fmt: skip
     dots = [line for line in ax.get_lines() if line.get_label() == "one seed"]
     assert [list(d.get_xdata()) for d in dots] == [
         pytest.approx([-0.02, 0.01, -0.03]),

@@ -462,13 +462,14 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 1.8 + 0.75 * len(comparisons)), layout="constrained")
-    ticks = []
+    ticks, core = [], [0.0]  # core: what the x range must show (0, dots, means, the seed's)
     for row, c in enumerate(comparisons):
         y = len(comparisons) - 1 - row  # the first comparison on top, as in the report's table
         diffs = _paired_differences(results, c)
         spread = 0.12 * (len(diffs) > 1)  # seeds side by side, not on one another
         offsets = [spread * (2 * i / max(len(diffs) - 1, 1) - 1) for i in range(len(diffs))]
         ax.plot(diffs, [y + o for o in offsets], "o", color="C0", mfc="none", label="one seed")
+        core += [*diffs, c["mean_diff"], *(c.get("bootstrap_ci95") or [])]
         low, high = c["ci95"]
         ax.errorbar(
             c["mean_diff"],
@@ -485,8 +486,10 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
             ax.plot(
                 c["claimed_diff"], y, "x", color="C3", ms=10, mew=2, label="the seed's difference"
             )
+            core.append(c["claimed_diff"])
         ticks.append((y, f"{c['variant']}\n− {c['baseline']}\nn = {c['n']}, p = {p_cell(c)}"))
     ax.axvline(0.0, color="0.3", lw=0.8, ls="--", zorder=0)
+    _clip_intervals(ax, comparisons, core)
     ax.set_yticks([y for y, _ in ticks], [label for _, label in ticks], fontsize=8)
     ax.set_ylim(-0.6, len(comparisons) - 0.4)
     ax.set(
@@ -499,3 +502,23 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
     legend_outside(fig, [ax], ncol=4)
     save_figure(fig, path)
     return fig
+
+
+def _clip_intervals(ax: Any, comparisons: list[dict[str, Any]], core: list[float]) -> None:
+    """Set the x range to show ``core`` and every t interval not far wider than it; one that
+    runs far past (a t(1) interval of two seeds is 12.7 standard errors wide) is cut at the
+    edge with an arrowhead, so that it does not squash every other row to a point."""
+    low, high = min(core), max(core)
+    span = high - low or abs(high) or 1e-3
+    reach = (low - 1.5 * span, high + 1.5 * span)
+    ends = [e for c in comparisons for e in c["ci95"] if reach[0] <= e <= reach[1]]
+    left, right = min(low, *ends), max(high, *ends)
+    pad = 0.06 * (right - left)
+    left, right = left - pad, right + pad
+    ax.set_xlim(left, right)
+    for row, c in enumerate(comparisons):
+        y = len(comparisons) - 1 - row
+        for end, edge, head in ((c["ci95"][0], left, "<"), (c["ci95"][1], right, ">")):
+            if (end < edge) if head == "<" else (end > edge):
+                ax.plot(edge, y, head, color="k", ms=7, clip_on=False,
+                        label="interval runs on past the edge")  # fmt: skip
