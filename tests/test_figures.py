@@ -4,6 +4,7 @@ with units, a title naming what was run, and plain ticks (matplotlib's objects, 
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,7 @@ def test_the_paired_figure_draws_what_each_t_test_weighs(tmp_path: Path) -> None
     from attnlab.studies.kinds.lm_report import plot_paired
 
     losses = {"base": [1.50, 1.52, 1.49], "kv": [1.48, 1.53, 1.46], "wide": [1.47, 1.50, 1.45]}
+    losses["same"] = [x + 0.01 for x in losses["base"]]  # every seed 0.01 higher: no spread
     runs = [
         {"variant": v, "seed": s, "val_loss": loss, "status": "ok"}
         for v, seeds in losses.items()
@@ -284,13 +286,15 @@ def test_the_paired_figure_draws_what_each_t_test_weighs(tmp_path: Path) -> None
         {"variant": "wide", "baseline": "base", "seeds": [0, 1, 2], "n": 3, "mean_diff": -0.03,
          "ci95": [-2.0, 1.9], "bootstrap_ci95": None, "claimed_diff": None, "p": 0.004},
         {"variant": "none", "baseline": "base", "seeds": [], "n": 0, "ci95": None},
+        {"variant": "same", "baseline": "base", "seeds": [0, 1, 2], "n": 3, "mean_diff": 0.01,
+         "ci95": [math.nan, math.nan], "no_spread": True, "p": math.nan},
     ]  # fmt: skip
     results = {"runs": runs, "comparisons": comparisons}
     fig = plot_paired(results, tmp_path / "paired.png", "study: paired differences")
     (ax,) = check_figure(fig, tmp_path / "paired.png", 1, "study: paired differences")
     assert set(labelled_lines(ax)) == {
         "one seed", "mean, 95 % t interval", "bootstrap 95 %", "the seed's difference",
-        "interval runs on past the edge",
+        "interval runs on past the edge", "mean (no interval: no spread)",
     }  # fmt: skip
     # the x range shows every seed, 0 and the seed's difference; the far wider interval (two
     # seeds' t(1)) is cut at both edges, the narrow one is shown whole
@@ -306,13 +310,19 @@ def test_the_paired_figure_draws_what_each_t_test_weighs(tmp_path: Path) -> None
     assert [list(d.get_xdata()) for d in dots] == [
         pytest.approx([-0.02, 0.01, -0.03]),
         pytest.approx([-0.03, -0.02, -0.04]),
+        pytest.approx([0.01, 0.01, 0.01]),
     ]
-    assert [round(float(d.get_ydata().mean()), 6) for d in dots] == [1.0, 0.0]  # first on top
+    assert [round(float(d.get_ydata().mean()), 6) for d in dots] == [2.0, 1.0, 0.0]  # first on top
     ticks = zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)
     labels = {round(y): t.get_text() for y, t in ticks}
-    assert labels == {1: "kv\n− base\nn = 3, p = 0.3100", 0: "wide\n− base\nn = 3, p = 0.0040"}
+    assert labels == {
+        2: "kv\n− base\nn = 3, p = 0.3100",
+        1: "wide\n− base\nn = 3, p = 0.0040",
+        0: "same\n− base\nn = 3, p = – (no spread)",
+    }
     # nothing to draw: no figure, no file
     assert (
-        plot_paired({"runs": runs, "comparisons": comparisons[2:]}, tmp_path / "x.png", "t") is None
+        plot_paired({"runs": runs, "comparisons": comparisons[2:3]}, tmp_path / "x.png", "t")
+        is None
     )
     assert not (tmp_path / "x.png").exists()

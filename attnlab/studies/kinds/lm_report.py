@@ -471,15 +471,18 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
         ax.plot(diffs, [y + o for o in offsets], "o", color="C0", mfc="none", label="one seed")
         core += [*diffs, c["mean_diff"], *(c.get("bootstrap_ci95") or [])]
         low, high = c["ci95"]
-        ax.errorbar(
-            c["mean_diff"],
-            y,
-            xerr=[[c["mean_diff"] - low], [high - c["mean_diff"]]],
-            fmt="D",
-            color="k",
-            capsize=5,
-            label="mean, 95 % t interval",
-        )
+        if math.isfinite(low) and math.isfinite(high):
+            ax.errorbar(
+                c["mean_diff"],
+                y,
+                xerr=[[c["mean_diff"] - low], [high - c["mean_diff"]]],
+                fmt="D",
+                color="k",
+                capsize=5,
+                label="mean, 95 % t interval",
+            )
+        else:  # one seed, or no spread: a mean without an interval
+            ax.plot(c["mean_diff"], y, "D", color="k", label="mean (no interval: no spread)")
         if c.get("bootstrap_ci95"):
             ax.plot(c["bootstrap_ci95"], [y - 0.28] * 2, color="0.55", lw=3, label="bootstrap 95 %")
         if c.get("claimed_diff") is not None:
@@ -511,8 +514,8 @@ def _clip_intervals(ax: Any, comparisons: list[dict[str, Any]], core: list[float
     low, high = min(core), max(core)
     span = high - low or abs(high) or 1e-3
     reach = (low - 1.5 * span, high + 1.5 * span)
-    ends = [e for c in comparisons for e in c["ci95"] if reach[0] <= e <= reach[1]]
-    left, right = min(low, *ends), max(high, *ends)
+    ends = [e for c in comparisons for e in c["ci95"] if reach[0] <= e <= reach[1]]  # NaN: none
+    left, right = min([low, *ends]), max([high, *ends])
     pad = 0.06 * (right - left)
     left, right = left - pad, right + pad
     ax.set_xlim(left, right)
