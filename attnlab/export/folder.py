@@ -26,9 +26,9 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.export.hf import (
     EXPORT_MARK,
-    GENERATION_CONFIG,
     METADATA_FILES,
     TOKENIZER_CONFIG,
+    Metadata,
     ShippedTokenizer,
     genai_reads_own,
     genai_tokenizer,
@@ -120,10 +120,12 @@ def write_onnx_folder(
     model: nn.Module,
     folder: Path,
     shipped: ShippedTokenizer | None,
+    metadata: Metadata,
     log: Callable[[str], None] | None,
 ) -> None:
-    """model.onnx and what onnxruntime-genai runs: genai_config.json, model-genai.onnx where
-    the cache is more than one key and value a layer, a tokenizer where it cannot read ours."""
+    """model.onnx and what onnxruntime-genai runs: genai_config.json (from the export's
+    ``metadata``), model-genai.onnx where the cache is more than one key and value a layer, a
+    tokenizer where it cannot read ours."""
     config = ckpt.read_model_config(folder)
     suppressed = sorted(shipped.added.values()) if shipped is not None else []
     write_onnx(model, folder / FILES["onnx"], config, suppressed)
@@ -136,18 +138,17 @@ def write_onnx_folder(
         (folder / GENAI_TOKENIZER_DIR).mkdir()
         (folder / GENAI_TOKENIZER_DIR / ckpt.TOKENIZER).write_text(text)
         # transformers adds no bos or eos; SentencePiece-style tokenizers there do by default
-        tokenizer_config = json.loads((folder / TOKENIZER_CONFIG).read_text())
+        tokenizer_config = {**(metadata.tokenizer_config or {})}
         tokenizer_config.update(add_bos_token=False, add_eos_token=False)
         (folder / GENAI_TOKENIZER_DIR / TOKENIZER_CONFIG).write_text(
             json.dumps(tokenizer_config, indent=2)
         )
-    generation = json.loads((folder / GENERATION_CONFIG).read_text())
     tokenizer_dir = None
     if text is not None:
         tokenizer_dir = GENAI_TOKENIZER_DIR
     elif shipped is not None and not genai_reads_own(shipped):
         tokenizer_dir = GENAI_NO_TOKENIZER
-    genai = genai_config(model, generation, tokenizer_dir)
+    genai = genai_config(model, metadata.generation, tokenizer_dir)
     (folder / GENAI_CONFIG).write_text(json.dumps(genai, indent=2))
 
 
@@ -206,12 +207,13 @@ def export_model(
     with replace_folder(
         out, what, overwrite, is_export, sources=sources, describe=ckpt.weights_record
     ) as tmp:
-        sd = hf_state_dict(model, write_metadata(tmp, model.config, shipped))
+        metadata = write_metadata(tmp, model.config, shipped)
+        sd = hf_state_dict(model, metadata.kind)
         writers: dict[str, Callable[[], None]] = {
             "safetensors": lambda: ckpt.write_state_dict(sd, tmp / FILES["safetensors"]),
             "bin": lambda: write_bin(sd, tmp / FILES["bin"]),
             "torchscript": lambda: write_torchscript(model, tmp / FILES["torchscript"]),
-            "onnx": lambda: write_onnx_folder(model, tmp, shipped, log),
+            "onnx": lambda: write_onnx_folder(model, tmp, shipped, metadata, log),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),
         }
         for fmt in formats:

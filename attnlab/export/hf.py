@@ -223,13 +223,21 @@ def added_token_ids(folder: Path) -> list[int]:
     return sorted(data.get(ADDED_KEY, {}).values())
 
 
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """What write_metadata wrote that other files of the export derive from."""
+
+    kind: str | None  # the native architecture ("gpt2", "llama"), None: attnlab's remote code
+    generation: dict[str, Any]  # generation_config.json
+    tokenizer_config: dict[str, Any] | None  # tokenizer_config.json (None: no tokenizer)
+
+
 def write_metadata(
     folder: Path, config: ModelConfig, tokenizer: ShippedTokenizer | None
-) -> str | None:
+) -> Metadata:
     """config.json (+ remote code), generation_config.json and the tokenizer files HF reads.
 
-    ``config`` already has ``tokenizer.rows`` rows. Returns the native kind ("gpt2", "llama")
-    or None (attnlab's own, with remote code).
+    ``config`` already has ``tokenizer.rows`` rows.
     """
     roles = tokenizer.roles if tokenizer is not None else {}
     hf = tokenizer.hf if tokenizer is not None else None
@@ -254,7 +262,7 @@ def write_metadata(
         generation["suppress_tokens"] = sorted(tokenizer.added.values())
     (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
     if hf is None:
-        return kind
+        return Metadata(kind, generation, None)
     hf.save(str(folder / ckpt.TOKENIZER))
     added = {
         str(i): {
@@ -282,7 +290,7 @@ def write_metadata(
         tokenizer_config["chat_template"] = CHAT_TEMPLATE
     (folder / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer_config, indent=2))
     (folder / SPECIAL_TOKENS_MAP).write_text(json.dumps(roles, indent=2))
-    return kind
+    return Metadata(kind, generation, tokenizer_config)
 
 
 # --- import ----------------------------------------------------------------------------------
