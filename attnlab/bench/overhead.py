@@ -48,18 +48,18 @@ class Row:
     iqr: tuple[float, float]
 
 
-def count_params(config) -> int:
+def count_params(config: ModelConfig) -> int:
     """Parameters of GPT(config) (tied weights once)."""
     return sum(p.numel() for p in GPT(config).parameters())
 
 
-def with_width(config, n_embd: int, **overrides: Any):
+def with_width(config: ModelConfig, n_embd: int, **overrides: Any) -> ModelConfig:
     """``config`` at another width, the FFN keeping its ratio to n_embd (replace() would keep d_ffn)."""
     d_ffn = round(int(config.d_ffn) * n_embd / config.n_embd)
     return config.replace(n_embd=n_embd, d_ffn=d_ffn, **overrides)
 
 
-def width_step(base) -> int:
+def width_step(base: ModelConfig) -> int:
     """Widths tried for matching: multiples of n_head (of 2 n_head with RoPE) and of 8.
 
     Odd shapes cost more than their FLOPs (head_dim 31 or GEMMs 124 wide run at lower efficiency),
@@ -68,7 +68,7 @@ def width_step(base) -> int:
     return math.lcm(base.n_head * (2 if base.pos == "rope" else 1), 8)
 
 
-def matched_width(base, overrides: dict[str, Any], target: int) -> int:
+def matched_width(base: ModelConfig, overrides: dict[str, Any], target: int) -> int:
     """The width (a width_step multiple, at most base.n_embd) whose parameter count is closest to target.
 
     Parameter counts grow with width, so a bisection finds the widest model not above target;
@@ -88,7 +88,7 @@ def matched_width(base, overrides: dict[str, Any], target: int) -> int:
     return step * min(candidates, key=lambda k: (abs(count(k) - target), -k))
 
 
-def fair_width(base, target: int) -> int:
+def fair_width(base: ModelConfig, target: int) -> int:
     """The vanilla width, at or above base's, whose parameter count is closest to target.
 
     The gradient-boosted-attention paper's "parameter-fair" baseline widens vanilla to the
@@ -101,7 +101,7 @@ def fair_width(base, target: int) -> int:
     return min(widths[-2:], key=lambda w: abs(count_params(with_width(base, w)) - target))
 
 
-def modern_backbone(base):
+def modern_backbone(base: ModelConfig) -> ModelConfig:
     """The QKVE seed's backbone at base's size: GQA (2 query heads per kv head), RoPE, RMSNorm,
     two SwiGLU sub-layers with d_ffn 4/3 n_embd (the seed's 512 at 384)."""
     return base.replace(
@@ -131,7 +131,7 @@ def check_variants(names: list[str]) -> None:
             )
 
 
-def available(name: str, base) -> bool:
+def available(name: str, base: ModelConfig) -> bool:
     """False when a parameterised mechanism adds no parameters (its module is not registered)."""
     return name not in mechanisms.param_adding_variants() or count_params(
         base.replace(**bench_variants()[name])

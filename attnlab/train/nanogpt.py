@@ -44,7 +44,7 @@ class MetaUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
 
 
-def read_meta(path: str | Path):
+def read_meta(path: str | Path) -> Tokenizer:
     """A char Tokenizer from nanoGPT's meta.pkl (``vocab_size``, ``itos``, ``stoi``)."""
     try:
         data = Path(path).read_bytes()
@@ -91,7 +91,7 @@ def import_nanogpt(
     out: str | Path,
     meta: str | Path | None = None,
     overwrite: bool = False,
-):
+) -> tuple[GPT, Tokenizer | None]:
     """Write ``out`` as a model folder; returns the loaded (model, tokenizer or None).
 
     A non-empty ``out`` is refused unless ``overwrite``; then the new folder is swapped in whole.
