@@ -443,11 +443,11 @@ def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
     return True
 
 
-def _paired_differences(results: dict[str, Any], comparison: dict[str, Any]) -> list[float]:
-    """The comparison's per-seed differences (variant - baseline final val loss), seed order."""
-    loss = {
-        (r["variant"], r["seed"]): r["val_loss"] for r in results["runs"] if r["status"] == "ok"
-    }
+def _paired_differences(
+    loss: dict[tuple[str, int], float], comparison: dict[str, Any]
+) -> list[float]:
+    """The comparison's per-seed differences (variant - baseline final val loss), seed order;
+    ``loss`` maps (variant, seed) to the final val loss of each finished run."""
     pairs = [(comparison["variant"], s, comparison["baseline"]) for s in comparison["seeds"]]
     return [loss[v, s] - loss[b, s] for v, s, b in pairs if (v, s) in loss and (b, s) in loss]
 
@@ -462,10 +462,14 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 1.8 + 0.75 * len(comparisons)), layout="constrained")
+    loss = {
+        (r["variant"], r["seed"]): r["val_loss"] for r in results["runs"] if r["status"] == "ok"
+    }
+    # the first comparison on top, as in the report's table
+    rows = [(len(comparisons) - 1 - i, c) for i, c in enumerate(comparisons)]
     ticks, core = [], [0.0]  # core: what the x range must show (0, dots, means, the seed's)
-    for row, c in enumerate(comparisons):
-        y = len(comparisons) - 1 - row  # the first comparison on top, as in the report's table
-        diffs = _paired_differences(results, c)
+    for y, c in rows:
+        diffs = _paired_differences(loss, c)
         spread = 0.12 * (len(diffs) > 1)  # seeds side by side, not on one another
         offsets = [spread * (2 * i / max(len(diffs) - 1, 1) - 1) for i in range(len(diffs))]
         ax.plot(diffs, [y + o for o in offsets], "o", color="C0", mfc="none", label="one seed")
@@ -492,7 +496,7 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
             core.append(c["claimed_diff"])
         ticks.append((y, f"{c['variant']}\n− {c['baseline']}\nn = {c['n']}, p = {p_cell(c)}"))
     ax.axvline(0.0, color="0.3", lw=0.8, ls="--", zorder=0)
-    _clip_intervals(ax, comparisons, core)
+    _clip_intervals(ax, rows, core)
     ax.set_yticks([y for y, _ in ticks], [label for _, label in ticks], fontsize=8)
     ax.set_ylim(-0.6, len(comparisons) - 0.4)
     ax.set(
@@ -507,21 +511,21 @@ def plot_paired(results: dict[str, Any], path: Path, title: str) -> Any | None:
     return fig
 
 
-def _clip_intervals(ax: Any, comparisons: list[dict[str, Any]], core: list[float]) -> None:
+def _clip_intervals(ax: Any, rows: list[tuple[int, dict[str, Any]]], core: list[float]) -> None:
     """Set the x range to show ``core`` and every t interval not far wider than it; one that
     runs far past (a t(1) interval of two seeds is 12.7 standard errors wide) is cut at the
     edge with an arrowhead, so that it does not squash every other row to a point."""
     low, high = min(core), max(core)
     span = high - low or abs(high) or 1e-3
     reach = (low - 1.5 * span, high + 1.5 * span)
-    ends = [e for c in comparisons for e in c["ci95"] if reach[0] <= e <= reach[1]]  # NaN: none
+    ends = [e for _, c in rows for e in c["ci95"] if reach[0] <= e <= reach[1]]  # NaN: none
     left, right = min([low, *ends]), max([high, *ends])
     pad = 0.06 * (right - left)
     left, right = left - pad, right + pad
     ax.set_xlim(left, right)
-    for row, c in enumerate(comparisons):
-        y = len(comparisons) - 1 - row
-        for end, edge, head in ((c["ci95"][0], left, "<"), (c["ci95"][1], right, ">")):
-            if (end < edge) if head == "<" else (end > edge):
+    for y, c in rows:
+        low_end, high_end = c["ci95"]
+        for past, edge, head in ((low_end < left, left, "<"), (high_end > right, right, ">")):
+            if past:
                 ax.plot(edge, y, head, color="k", ms=7, clip_on=False,
                         label="interval runs on past the edge")  # fmt: skip
