@@ -985,7 +985,11 @@ seeds = 1
 @pytest.mark.parametrize(
     ("more", "expected"),
     [('[[comparisons]]\nbaseline = "base"\nvariant = "kv"\n',
-      "the comparison of 'kv' against baseline 'base' is listed twice; keep one"),
+      "the comparison of 'kv' against baseline 'base' is listed twice (in either direction); "
+      "keep one"),
+     ('[[comparisons]]\nbaseline = "kv"\nvariant = "base"\n',  # the same test, reversed
+      "the comparison of 'base' against baseline 'kv' is listed twice (in either direction); "
+      "keep one"),
      ('wallclock = true\n[variants.base-wallclock]\npreset = "shakespeare-char"\n',
       "variant 'base-wallclock' has the name of the wall-clock arm generated for 'kv' against "
       "'base'; rename the variant")],

@@ -625,3 +625,53 @@ def test_a_second_study_in_a_folder_in_use_is_refused(tmp_path: Path) -> None:
         assert snapshot(tmp_path) == before
     with RunLock(out, user="study"):  # released with the study: the folder is free again
         pass
+
+
+@pytest.mark.parametrize("held", [("gba-lm", "ci"), ("kv-bias", "paper")])
+def test_a_study_folder_of_another_study_or_preset_is_refused(
+    tmp_path: Path, held: tuple[str, str]
+) -> None:
+    """Training study B (or another preset) into study A's folder replaced A's results and
+    report with B's, exit 0, and left A's runs orphaned there."""
+    import json
+
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    out = tmp_path / "study"
+    with output.StudyDir(out).create():
+        pass
+    (out / output.STUDY_JSON).write_text(json.dumps({"name": held[0], "preset": held[1]}))
+    before = snapshot(tmp_path)
+    for extra in ([], ["--plan"]):
+        p = run_cli("study", "kv-bias", "--preset", "ci", "--out", str(out), *extra)
+        assert error_line(p, "study") == (
+            f"{out} holds study {held[0]!r} at preset {held[1]!r}, not 'kv-bias' at 'ci'; "
+            "choose another --out"
+        )
+        assert snapshot(tmp_path) == before
+
+
+def test_a_wall_clock_budget_timed_for_another_pair_is_refused(tmp_path: Path) -> None:
+    """A spec changed to clock the arm against another variant reused the budget timed for the
+    first one, retrained nothing and reported the arm as matched to the new variant."""
+    import json
+
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    out = tmp_path / "study"
+    with output.StudyDir(out).create():
+        pass
+    arm = f"{KV_PAIR[0]}-wallclock"
+    budget = {"baseline": KV_PAIR[0], "mechanism": "kv-bias-detached", "iters": 7}
+    record = {"name": "kv-bias", "preset": "ci", "wallclock": {arm: budget}}
+    (out / output.STUDY_JSON).write_text(json.dumps(record))
+    before = snapshot(tmp_path)
+    p = run_cli("study", "kv-bias", "--preset", "ci", "--out", str(out))
+    assert error_line(p, "study") == (
+        f"{out}: its {arm!r} budget was timed for 'kv-bias-detached' against {KV_PAIR[0]!r}, "
+        f"the spec now matches {arm!r} to {KV_PAIR[1]!r} against {KV_PAIR[0]!r}; "
+        "choose another --out"
+    )
+    assert snapshot(tmp_path) == before

@@ -123,9 +123,10 @@ class StudyDir:
     def previous(self) -> dict[str, Any]:
         """study.json of an earlier invocation ({} if none or unreadable)."""
         try:
-            return json.loads((self.path / STUDY_JSON).read_text())
+            held = json.loads((self.path / STUDY_JSON).read_text())
         except (OSError, ValueError):
             return {}
+        return held if isinstance(held, dict) else {}
 
     def read_results(self) -> dict[str, Any]:
         """results.json, to report a study again without its runs."""

@@ -20,6 +20,7 @@ from attnlab.rundir import finished_summary
 from attnlab.studies import provenance
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
+from attnlab.studies.kinds.lm import kept_budgets
 from attnlab.studies.output import RUN_FIELDS, STUDY_JSON, StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.report import render
@@ -93,6 +94,20 @@ def plan_study(
     return {**KINDS[spec.kind].plan(study, timed), "in_use": study.out.in_use()}
 
 
+def _refuse_another_study(folder: StudyDir, name: str, preset: str) -> None:
+    """Refuse a folder whose study.json is another study's or another preset's: training there
+    would replace that study's results and report with this one's, its runs left orphaned."""
+    held = folder.previous()
+    if not held:
+        return
+    there = (held.get("name"), held.get("preset"))
+    if there != (name, preset):
+        raise AttnlabError(
+            f"{folder.path} holds study {there[0]!r} at preset {there[1]!r}, not {name!r} at "
+            f"{preset!r}; choose another --out"
+        )
+
+
 def _prepared(
     spec: StudySpec,
     preset: str,
@@ -127,6 +142,7 @@ def _prepared(
             raise AttnlabError(f"{spec.source}: scale {preset}: data: {e}") from None
     folder = StudyDir(out)
     folder.check_usable()  # what create() refuses, refused here for a plan too
+    _refuse_another_study(folder, spec.name, preset)
     seed_list = list(range(n_seeds))
     git = process_git_state()
     donors = _donors(reuse_from or [], folder)
@@ -148,6 +164,8 @@ def _prepared(
     study = _study(
         spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
     )
+    if spec.kind == "lm":
+        kept_budgets(study)  # a budget timed for another pair is refused before anything is written
     if donors:
         study.reuse.update(kind.reusable(study, donors))
     if not allow_mixed_commits:

@@ -342,10 +342,11 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
                 "compares a variant with itself; name two different variants"
             )
         at = f"{where} comparison"
-        if any((c["baseline"], c["variant"]) == (k.baseline, k.variant) for k in comparisons):
-            raise AttnlabError(  # Holm would correct for two tests where there is one
+        # either way round it is the same test: Holm would correct for two where there is one
+        if any({c["baseline"], c["variant"]} == {k.baseline, k.variant} for k in comparisons):
+            raise AttnlabError(
                 f"{where}: the comparison of {c['variant']!r} against baseline "
-                f"{c['baseline']!r} is listed twice; keep one"
+                f"{c['baseline']!r} is listed twice (in either direction); keep one"
             )
         comparisons.append(
             Comparison(

@@ -69,9 +69,7 @@ class LanguageModel:
         clocked = [n for n, v in spec.variants.items() if v.clock_of]
         first = [n for n in spec.variants if n not in clocked]
         runs: list[dict[str, Any]] = []
-        budgets: dict[str, dict[str, Any]] = {
-            k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked
-        }
+        budgets = kept_budgets(study)
         first_jobs = _jobs(study, first, {})
         _copy_reused(study, first_jobs)
         # each copy records its source (a run trained here since, in its place, is no copy)
@@ -331,6 +329,23 @@ def _considered(study: Study, name: str) -> list[int]:
     if study.spec.trains(name):
         return seeds
     return [s for s in seeds if finished_summary(study.out.run_dir(name, s)) is not None]
+
+
+def kept_budgets(study: Study) -> dict[str, dict[str, Any]]:
+    """The wall-clock budgets study.json keeps for this spec's clocked variants; refused where
+    one was timed for another pair than the spec now names (its runs trained that budget)."""
+    clocked = [n for n, v in study.spec.variants.items() if v.clock_of]
+    kept = {k: b for k, b in study.out.previous().get("wallclock", {}).items() if k in clocked}
+    for name, budget in kept.items():
+        v = study.spec.variants[name]
+        timed = (budget.get("baseline"), budget.get("mechanism"))
+        if timed != (v.matches, v.clock_of):
+            raise AttnlabError(
+                f"{study.out.path}: its {name!r} budget was timed for {timed[1]!r} against "
+                f"{timed[0]!r}, the spec now matches {name!r} to {v.clock_of!r} against "
+                f"{v.matches!r}; choose another --out"
+            )
+    return kept
 
 
 def wallclock_budget(
