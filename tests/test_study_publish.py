@@ -92,6 +92,8 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
         "over-another-copy",
         "empty",
         "dot",
+        "source-inside-copy",
+        "symlinked-dest",
     ],
 )
 def test_bad_publish_is_refused_in_one_line(
@@ -121,6 +123,13 @@ def test_bad_publish_is_refused_in_one_line(
         (dest / "study.json").write_text(json.dumps({"name": "gates"}))
     elif case == "dot":
         dest = Path(".")
+    elif case == "source-inside-copy":  # an earlier copy with the study moved inside it
+        assert run_cli("study", name, "--out", out, "--publish", str(dest)).returncode == 0
+        shutil.copytree(folder, dest / "raw")
+        out = str(dest / "raw")
+    elif case == "symlinked-dest":  # the refused copy left its lock in the link's target
+        (tmp_path / "real").mkdir()
+        dest.symlink_to(tmp_path / "real")
     extra = ["--seeds", "2"] if case == "training-flag" else []
     before, before_study = snapshot(tmp_path), snapshot(folder)
     given = "" if case == "empty" else str(dest)  # "": taken as no --publish, the study ran
@@ -143,6 +152,10 @@ def test_bad_publish_is_refused_in_one_line(
             "choose another folder",
             "empty": "--publish is empty; name a file or folder",
             "dot": "--publish '.' must name a folder, not the current or parent one",
+            "source-inside-copy": f"--publish {dest} would replace the source {dest / 'raw'}; "
+            "choose another --publish",
+            "symlinked-dest": f"{dest} is a symlink to {tmp_path / 'real'}; give that folder as "
+            "--publish instead",
         }[case]
     )
     assert snapshot(tmp_path) == before and snapshot(folder) == before_study

@@ -179,6 +179,7 @@ class StudyDir:
             if p.name not in (*PUBLISHED, RUNS, MARKER, LOCK_FILE)
         ]
         lock = RunLock(dest, record_pid=False, user="study")
+        had_lock = lock.path.exists()
         if dest.is_dir():
             lock.acquire()  # a study starting in it meanwhile is refused, and so is this
         try:
@@ -192,6 +193,8 @@ class StudyDir:
                         shutil.copy2(source, tmp / source.name, follow_symlinks=False)
         finally:
             lock.release()
+            if not had_lock:  # a refused copy leaves dest as it was (a done one has no lock)
+                lock.path.unlink(missing_ok=True)
         return dest
 
     def write_report(self, text: str) -> None:
