@@ -675,3 +675,24 @@ def test_a_wall_clock_budget_timed_for_another_pair_is_refused(tmp_path: Path) -
         "choose another --out"
     )
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--seeds", "0"], "--seeds and --jobs must be >= 1 (got 0 and 1)"),
+        (["--jobs", "0"], "--seeds and --jobs must be >= 1 (got 2 and 0)"),  # ci: 2 seeds
+        # past what a seed may be: was an OverflowError traceback
+        (["--seeds", str(10**23)], f"--seeds must be at most {2**32} (got {10**23})"),
+    ],
+)
+def test_seed_and_job_counts_out_of_range_are_refused(
+    tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    from test_bad_input import error_line
+    from test_folder_safety import snapshot
+
+    before = snapshot(tmp_path)
+    p = run_cli("study", "kv-bias", "--preset", "ci", "--out", str(tmp_path / "s"), *flags)
+    assert error_line(p, "study") == expected
+    assert snapshot(tmp_path) == before

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.config import SEED_LIMIT
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
@@ -130,6 +131,8 @@ def _prepared(
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
+    if n_seeds > SEED_LIMIT:  # the seeds are 0 .. n - 1, each a valid training seed
+        raise AttnlabError(f"--seeds must be at most {SEED_LIMIT} (got {n_seeds})")
     kind = KINDS[spec.kind]
     kind.check(spec, preset)
     # a missing or unprepared folder fails here, not in every run once the study folder is made
