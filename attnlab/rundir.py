@@ -12,6 +12,10 @@ A run folder (``RunDir``) holds::
                    read from beside the run whatever path config.json holds (own_data)
     copied_from.json   where a study copied the run from (copy_run, ``--reuse-from``)
 
+A run's records (RECORDS: config, env, metrics, summary, copied_from; ``copy_records``) are all
+of it but its model folders: enough to count it finished, report it and draw its curves, small
+enough to commit beside a published study, which a study on another machine resumes from.
+
 A model folder (``latest/``, ``best/``, an export) is a different thing: its config.json is a
 bare ModelConfig; attnlab.train.checkpoint reads and writes those.
 
@@ -60,6 +64,7 @@ BEST = "best"
 SFT_DATA = "sft_data"
 SFT_FILE = "sft.json"
 COPIED_FROM = "copied_from.json"
+RECORDS = (CONFIG, ENV, METRICS, SUMMARY, COPIED_FROM)
 
 
 class RunLock:
@@ -380,6 +385,20 @@ def copy_run(source: str | Path, dest: str | Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync(dest.parent)
+
+
+def copy_records(source: str | Path, dest: str | Path) -> None:
+    """Copy the RECORDS of the run in ``source`` (those it has) into the new folder ``dest``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True)
+    for name in RECORDS:
+        if (Path(source) / name).is_file():
+            shutil.copy2(Path(source) / name, dest / name)
+
+
+def has_weights(folder: str | Path) -> bool:
+    """Whether a run folder holds a model folder (``latest/`` or ``best/``), not only records."""
+    return any((Path(folder) / name).is_dir() for name in (LATEST, BEST))
 
 
 def copied_from(folder: str | Path) -> str | None:

@@ -17,6 +17,7 @@ from attnlab.errors import AttnlabError
 from attnlab.studies import output
 from attnlab.studies import spec as spec_format
 from attnlab.studies.kinds import KINDS
+from attnlab.studies.output import StudyDir
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import list_studies, load_spec, parse_spec
 
@@ -95,6 +96,19 @@ def test_gba_lm_study_analyses_gates_entropy_and_hull(tmp_path: Path, tiny_data:
         assert f"## {title} (" in report
     assert "Unavailable" not in report
     assert all((out / "figures" / f"{n}.png").is_file() for n in ("gates", "entropy", "hull"))
+    # resumed from its published copy (records, no weights) elsewhere, it keeps the analyses
+    StudyDir(out).publish(tmp_path / "copy")
+    again = run_study(
+        load_spec("gba-lm"),
+        "ci",
+        tmp_path / "copy",
+        seeds=1,
+        data=tiny_data,
+        variants=["standard", "boosted"],
+    )
+    recorded = json.loads((out / "study.json").read_text())["analyses"]
+    assert again["study"]["analyses"] == recorded and "error" not in recorded["gates"]
+    assert "Unavailable" not in (tmp_path / "copy" / "report.md").read_text()
 
 
 def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path) -> None:

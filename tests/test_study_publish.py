@@ -12,7 +12,7 @@ from conftest import run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
 
-from attnlab.rundir import LOCK_FILE
+from attnlab.rundir import LOCK_FILE, RECORDS, has_weights
 from attnlab.studies import output
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec
@@ -56,10 +56,26 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
     dest = tmp_path / "results" / "pair"
     p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == f"study pair: published in {dest} (everything but runs/)"
+    assert p.stdout.strip() == (
+        f"study pair: published in {dest} (everything but the runs' model folders)"
+    )
     source = {k: v for k, v in _files(folder).items() if k.split("/")[0] in output.PUBLISHED}
+    # each run's records, its model folders left out
+    records = {
+        k: v
+        for k, v in _files(folder).items()
+        if k.startswith("runs/") and k.split("/")[-1] in RECORDS and k.count("/") == 3
+    }
+    assert {tuple(k.split("/")[1:3]) for k in records} == {("base", "seed0"), ("wide", "seed0")}
+    assert {k.split("/")[-1] for k in records} == {
+        "config.json",
+        "env.json",
+        "metrics.csv",
+        "summary.json",
+    }
+    source.update(records)
     assert _files(dest) == source
-    assert {k.split("/")[0] for k in source} == set(output.PUBLISHED)  # the figures too
+    assert {k.split("/")[0] for k in source} == {*output.PUBLISHED, output.RUNS}  # figures too
     # a second publication replaces the first whole, keeping what is not the study's
     (dest / "NOTES.md").write_text("what I noticed")
     (dest / output.FIGURES / "old.png").write_bytes(b"a figure the study no longer draws")
@@ -77,6 +93,25 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
     assert p.returncode == 0, p.stderr
     assert (dest / "data").is_symlink() and os.readlink(dest / "data") == str(folder / "runs")
     assert not (dest / output.MARKER).exists() and not (dest / LOCK_FILE).exists()
+
+
+def test_a_published_copy_resumes_the_study_without_training_again(
+    study: tuple[Path, Path], tmp_path: Path, tiny_data: Path
+) -> None:
+    """The copy put back as a study folder (another machine): every run counts as finished
+    from its records, the results stay as they were, and nothing trains."""
+    spec, folder = study
+    dest = tmp_path / "pair"
+    assert run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest)).returncode == 0
+    again = tmp_path / "again"
+    shutil.copytree(dest, again)
+    run_study(load_spec(str(spec)), "ci", again, data=tiny_data)
+    runs = json.loads((again / output.RESULTS_JSON).read_text())["runs"]
+    before = json.loads((folder / output.RESULTS_JSON).read_text())["runs"]
+    assert [(r["variant"], r["seed"], r["val_loss"]) for r in runs] == [
+        (r["variant"], r["seed"], r["val_loss"]) for r in before
+    ]
+    assert not any(has_weights(run) for run in (again / output.RUNS).glob("*/seed*"))
 
 
 @pytest.mark.parametrize(

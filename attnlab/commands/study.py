@@ -175,7 +175,7 @@ def _publish(name: str, folder: StudyDir, dest: str) -> None:
             f"{folder.path} holds study {held!r}, not {name!r}; name the study it holds"
         )
     folder.publish(dest)
-    print(f"study {name}: published in {dest} (everything but runs/)")
+    print(f"study {name}: published in {dest} (everything but the runs' model folders)")
 
 
 def _print_plan(name: str, preset: str, plan: dict) -> None:

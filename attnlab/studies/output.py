@@ -10,7 +10,9 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 
-A published copy (``publish``, e.g. under results/) holds all of it but runs/.
+A published copy (``publish``, e.g. under results/) holds all of it but the runs' model
+folders: runs/ there holds each finished run's records (attnlab.rundir.RECORDS), so the copy,
+put back as a study folder on another machine, resumes the study without training those again.
 
 Retrieval and overhead studies train nothing: their results.json and results.csv have no runs.
 The JSON files are strict: a NaN (t and p of a single pair) is written as null.
@@ -31,7 +33,14 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, replace_folder, write_json
-from attnlab.rundir import LOCK_FILE, RunDir, RunLock
+from attnlab.rundir import (
+    LOCK_FILE,
+    RunDir,
+    RunLock,
+    copy_records,
+    finished_summary,
+    has_weights,
+)
 from attnlab.train.metrics import val_losses
 
 RESULTS_JSON = "results.json"
@@ -40,7 +49,7 @@ STUDY_JSON = "study.json"
 REPORT = "report.md"
 FIGURES = "figures"
 RUNS = "runs"
-# what a published copy of a study holds (``StudyDir.publish``): everything but its runs
+# what a published copy of a study holds (``StudyDir.publish``) besides its runs' records
 PUBLISHED = (REPORT, RESULTS_JSON, RESULTS_CSV, STUDY_JSON, FIGURES)
 MARKER = ".attnlab-study"  # written first: an interrupted study's folder is still its own
 LAST_FRACTION = 0.2  # the tail of a run's iterations its convergence is read over
@@ -94,7 +103,8 @@ class StudyDir:
         check_writable(self.path)
 
     def has_runs(self) -> bool:
-        """Whether the folder holds run folders (a published copy holds none)."""
+        """Whether the folder holds run folders (an old published copy holds none; a newer
+        one holds the records of its finished runs)."""
         return any((self.path / RUNS).glob("*/seed*"))
 
     def in_use(self) -> str | None:
@@ -153,8 +163,8 @@ class StudyDir:
         write_json(self.path / STUDY_JSON, _nan_to_none(study))
 
     def publish(self, dest: str | Path) -> Path:
-        """Copy the study's report, results, study.json and figures, never its runs, to
-        ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy of this study whole;
+        """Copy the study's report, results, study.json and figures, and the records of its
+        finished runs (never their model folders), to ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy of this study whole;
         anything else already there (a hand-written NOTES.md, as it is, links kept as links) is
         kept. ``dest`` may not be a study folder that holds runs, another study's copy, or lie
         inside this study. A running study's copy is what it has written so far (each file
@@ -191,6 +201,9 @@ class StudyDir:
                         shutil.copytree(source, tmp / source.name, symlinks=True)
                     elif source.is_file() or source.is_symlink():
                         shutil.copy2(source, tmp / source.name, follow_symlinks=False)
+                for run in sorted((self.path / RUNS).glob("*/seed*")):
+                    if finished_summary(run) is not None:
+                        copy_records(run, tmp / run.relative_to(self.path))
         finally:
             lock.release()
             if not had_lock:  # a refused copy leaves dest as it was (a done one has no lock)
@@ -210,7 +223,7 @@ def _refuse_publishing_over(dest: Path, name: str | None) -> None:
         raise AttnlabError(
             f"--publish {dest} is not empty and is not a study folder; choose another folder"
         )
-    if (dest / RUNS).exists():
+    if any(has_weights(run) for run in (dest / RUNS).glob("*/seed*")):
         raise AttnlabError(
             f"--publish {dest} is a study folder with its runs, not a published copy; "
             "choose another folder"

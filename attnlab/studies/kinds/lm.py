@@ -88,6 +88,7 @@ class LanguageModel:
             if spec.trains(name) or name in budgets
         )
         tracker = Tracker(total, study.progress, parallel=study.jobs)
+        analyses = study.out.previous().get("analyses") or {}
 
         def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
             runs.append(row)  # a run times itself: row["seconds"]
@@ -96,7 +97,9 @@ class LanguageModel:
                 result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
             else:
                 result = f"FAILED {row.get('error', '')}"
-            kept = {"wallclock": budgets, "reused": reused}
+            nonlocal analyses
+            analyses = run_analyses(study, runs, analyses)
+            kept = {"wallclock": budgets, "reused": reused, "analyses": analyses}
             study.publish(_outcome(study, runs, kept, folders, data))
             what = f"{row['variant']} seed {row['seed']}"
             tracker.done(what, result, row.get("seconds", 0), row["skipped"])
@@ -121,7 +124,8 @@ class LanguageModel:
                     }
                     for s in spec.seeds_of(name, study.preset, seeds)
                 ]
-        extra = {"wallclock": budgets, "reused": reused, "analyses": run_analyses(study, runs)}
+        analyses = run_analyses(study, runs, analyses)
+        extra = {"wallclock": budgets, "reused": reused, "analyses": analyses}
         return _outcome(study, runs, extra, folders, data)
 
     def rebuild(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> Outcome:

@@ -29,26 +29,45 @@ class Analysis:
     lines: Callable[[dict[str, Any]], list[str]]
 
 
-def run_analyses(study: Study, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def run_analyses(
+    study: Study, runs: list[dict[str, Any]], recorded: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Every analysis the spec asks for, on the runs of the first seed; one that cannot run (a
-    failed run, an unknown name) is reported with its reason instead of stopping the study."""
+    failed run, an unknown name) is reported with its reason instead of stopping the study.
+
+    An analysis in ``recorded`` (an earlier call's) made of the same runs (their val losses
+    alike, or not all reported yet) is kept as it is, not computed again: so a study calls this after each finished run
+    and analyses its first seed as soon as it is complete, and a study resumed from its runs'
+    records (a published copy, whose runs have no weights) keeps the analyses of its weights.
+    """
     wanted = study.spec.params.get("analyses", {})
     sizes = study.spec.scale(study.preset).params
     seed = min((r["seed"] for r in runs), default=0)
-    done = {r["variant"]: r["run_dir"] for r in runs if r["seed"] == seed and r["status"] == "ok"}
+    done = {r["variant"]: r for r in runs if r["seed"] == seed and r["status"] == "ok"}
     results: dict[str, Any] = {}
     for name, opts in wanted.items():
+        trained = {v: done[v]["val_loss"] for v in opts["runs"] if v in done}
+        missing = [v for v in opts["runs"] if v not in done]
+        earlier = (recorded or {}).get(name) or {}
+        # kept while its runs are still being reported, and once they all are, if they alike
+        if (
+            "error" not in earlier
+            and earlier.get("seed") == seed
+            and (missing or earlier.get("of") == trained)
+        ):
+            results[name] = earlier
+            continue
         try:
-            missing = [v for v in opts["runs"] if v not in done]
             if missing:
                 raise AttnlabError(f"no finished seed-{seed} run of {', '.join(missing)}")
             png = f"{name}.png"
             results[name] = {
                 "runs": opts["runs"],
                 "seed": seed,
+                "of": trained,
                 "figure": figure_link(png),
                 **ANALYSES[name].compute(
-                    [done[v] for v in opts["runs"]], sizes, study.out.figure(png)
+                    [done[v]["run_dir"] for v in opts["runs"]], sizes, study.out.figure(png)
                 ),
             }
         except Exception as e:  # an analysis is an extra; the statistics stand without it
