@@ -298,6 +298,45 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(
     assert saved_iter(run / "latest") == it + 2
 
 
+STUDY_SPEC = """
+name = "long"
+description = "one variant that trains long enough to be interrupted"
+[variants.base]
+preset = "shakespeare-char"
+[scale.ci]
+seeds = 1
+model = { n_layer = 1, n_head = 2, n_embd = 16, block_size = 16 }
+train = { max_iters = 100000, eval_interval = 100000, eval_iters = 1, batch_size = 2, warmup_iters = 1, log_interval = 1, device = "cpu" }
+"""
+
+
+def test_an_interrupted_study_says_the_study_resumes_its_run(tiny_data: Path, tmp_path: Path):
+    """Ctrl-C in a study said `continue with: attnlab train --resume RUN`, which finishes the
+    run but leaves the study's results and report behind: the study's own command resumes it."""
+    (tmp_path / "long.toml").write_text(STUDY_SPEC)
+    out = tmp_path / "study"
+    run = out / "runs" / "base" / "seed0"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "study", str(tmp_path / "long.toml"), "--out", str(out),
+         "--data", str(tiny_data)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        while not (run / "metrics.csv").is_file() or len(metrics(run)) < 3:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    it = saved_iter(run / "latest")
+    said = f"at iter {it}: saved {run / 'latest'}; the same `attnlab study` command resumes it"
+    assert err.splitlines()[-2:] == [f"interrupted {said}", "interrupted"]
+
+
 def test_a_full_disk_while_logging_says_so_and_keeps_the_checkpoint(
     train_tiny, tmp_path: Path, monkeypatch
 ):

@@ -587,15 +587,23 @@ def test_only_the_output_module_names_the_study_files() -> None:
     assert spelled == {str(owner.relative_to(ROOT))}
 
 
-@pytest.mark.parametrize("case", ["foreign", "file", "proc"])
+@pytest.mark.parametrize("case", ["foreign", "file", "proc", "in-a-study", "in-a-run"])
 def test_a_study_out_that_is_not_a_study_folder_is_refused(tmp_path: Path, case: str) -> None:
     """A folder of the user's with a report.md and results.csv had both overwritten; an
-    unwritable --out was a traceback."""
+    unwritable --out was a traceback; a study inside another's folder (or a run's) was taken."""
     from test_bad_input import error_line
     from test_folder_safety import snapshot
 
-    out = {"foreign": tmp_path / "mine", "file": tmp_path / "notes.txt", "proc": None}[case]
-    if case == "proc":
+    out = {"foreign": tmp_path / "mine", "file": tmp_path / "notes.txt", "proc": None}.get(case)
+    if case == "in-a-study":
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / output.STUDY_JSON).write_text("{}")
+        out = tmp_path / "a" / "runs" / "b"
+    elif case == "in-a-run":
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.json").write_text('{"model": {}, "train": {}, "data": "d"}')
+        out = tmp_path / "run" / "study"
+    elif case == "proc":
         if not Path("/proc/self").is_dir():
             pytest.skip("needs Linux's /proc")
         out = Path("/proc/attnlab-study-test")
@@ -612,6 +620,9 @@ def test_a_study_out_that_is_not_a_study_folder_is_refused(tmp_path: Path, case:
         assert line == f"{out} is not empty and is not a study folder; choose another --out"
     elif case == "file":
         assert line == f"{out} exists and is not a folder; choose another --out"
+    elif case.startswith("in-a-"):
+        parent, what = out.parent.parent if case == "in-a-study" else out.parent, case[5:]
+        assert line == f"{out} lies inside the {what} folder {parent}; choose another --out"
     else:
         assert re.fullmatch(rf"cannot write {out} \([A-Z][\w ]+\); choose another --out", line)
     assert snapshot(tmp_path) == before

@@ -11,6 +11,7 @@ import math
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -244,6 +245,78 @@ def test_a_study_is_reported_again_without_its_run_folders(finished: Path, tmp_p
     missing = tmp_path / "none" / output.RESULTS_JSON
     assert error_line(p, "study") == f"{missing}: not found; run the study first"
     assert not (tmp_path / "none").exists()
+
+
+def _edit(path: Path, change: Any) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "twice",
+        "foreign-seed",
+        "foreign-variant",
+        "not-a-table",
+        "no-status",
+        "no-variant",
+        "string-loss",
+        "no-preset",
+        "bad-seeds",
+    ],
+)
+def test_a_hand_edited_study_is_refused_by_report_only(
+    finished: Path, tmp_path: Path, case: str
+) -> None:
+    """--report-only on results.json or study.json edited by hand: one line naming the row or
+    field, nothing written (a duplicated row was averaged into the variant table, a row of a
+    seed outside the study counted, and a missing key was a traceback)."""
+    spec, out = _copy(finished, tmp_path)
+    results, record = out / output.RESULTS_JSON, out / output.STUDY_JSON
+    runs = lambda change: _edit(results, lambda d: change(d["runs"]))  # noqa: E731
+    if case == "twice":
+        runs(lambda r: r.append(dict(r[0])))
+    elif case == "foreign-seed":
+        runs(lambda r: r[0].update(seed=7))
+    elif case == "foreign-variant":
+        runs(lambda r: r[0].update(variant="other"))
+    elif case == "not-a-table":
+        runs(lambda r: r.append([1, 2]))
+    elif case == "no-status":
+        runs(lambda r: r[1].pop("status"))
+    elif case == "no-variant":
+        runs(lambda r: r[0].pop("variant"))
+    elif case == "string-loss":
+        runs(lambda r: r[0].update(val_loss="1.5"))
+    elif case == "no-preset":
+        _edit(record, lambda d: d.pop("preset"))
+    elif case == "bad-seeds":
+        _edit(record, lambda d: d.update(seeds="0,1"))
+    first = json.loads(results.read_text())["runs"]
+    before = snapshot(tmp_path)
+    p = run_cli("study", str(spec), "--out", str(out), "--report-only")
+    msg = error_line(p, "study")
+    assert snapshot(tmp_path) == before
+    row = f"{results}: run"
+    assert (
+        msg
+        == {
+            "twice": f"{row} base seed 0 is listed twice",
+            "foreign-seed": f"{row} base seed 7: the study ran seeds [0, 1]",
+            "foreign-variant": f"{row} other seed 0: the study has no variant 'other'",
+            "not-a-table": f"{row} 5 is list, not a table of variant, seed, val_loss, ...; "
+            "restore it as the study wrote it",
+            "no-status": f"{row} 2 ({first[1]['variant']} seed {first[1]['seed']}) has status None, "
+            "not ok or failed; restore it as the study wrote it",
+            "no-variant": f"{row} 1 has variant None, not a name; restore it as the study wrote it",
+            "string-loss": f"{row} 1 (base seed 0) has val_loss '1.5', not a number; "
+            "restore it as the study wrote it",
+            "no-preset": f"{record} names no preset; restore it as the study wrote it",
+            "bad-seeds": f"{record} has seeds '0,1', not a list of whole numbers",
+        }[case]
+    )
 
 
 def test_every_t_and_p_recomputes_from_results_csv(finished: Path) -> None:

@@ -194,3 +194,16 @@ def test_bad_publish_is_refused_in_one_line(
         }[case]
     )
     assert snapshot(tmp_path) == before and snapshot(folder) == before_study
+
+
+def test_a_nan_loss_is_null_in_results_json_and_empty_in_results_csv(tmp_path: Path) -> None:
+    """results.csv said nan where results.json said null: both now say 'no value'."""
+    import csv
+
+    row = dict.fromkeys(output.RUN_FIELDS)
+    row.update(variant="base", seed=0, status="ok", val_loss=float("nan"), iters=4)
+    output.StudyDir(tmp_path).write_results({"runs": [row], "comparisons": []}, {})
+    (written,) = json.loads((tmp_path / output.RESULTS_JSON).read_text())["runs"]
+    with (tmp_path / output.RESULTS_CSV).open() as f:
+        (cells,) = list(csv.DictReader(f))
+    assert written["val_loss"] is None and cells["val_loss"] == "" and cells["iters"] == "4"

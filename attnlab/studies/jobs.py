@@ -146,6 +146,10 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
             trainer = Trainer.resume(run_dir, quiet=True)
         else:
             trainer = _new_trainer(job, run_dir)
+        # the study resumes its runs itself: `attnlab train --resume` would leave the study behind
+        trainer.after_interrupt = (
+            f"saved {trainer.run_folder.latest}; the same `attnlab study` command resumes it"
+        )
         try:
             summary = trainer.run()
         finally:

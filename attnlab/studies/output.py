@@ -15,7 +15,8 @@ folders: runs/ there holds each finished run's records (attnlab.rundir.RECORDS),
 put back as a study folder on another machine, resumes the study without training those again.
 
 Retrieval and overhead studies train nothing: their results.json and results.csv have no runs.
-The JSON files are strict: a NaN (t and p of a single pair) is written as null.
+The JSON files are strict: a NaN (t and p of a single pair, a diverged run's loss) is written as
+null, and as an empty cell in results.csv.
 
 Convergence is read from each run's own val curve (its metrics.csv): ``val_change_last20`` is
 the relative change of the validation loss over the run's last LAST_FRACTION of iterations, and
@@ -40,6 +41,7 @@ from attnlab.rundir import (
     copy_records,
     finished_summary,
     has_weights,
+    is_run_folder,
 )
 from attnlab.train.metrics import val_losses
 
@@ -100,6 +102,15 @@ class StudyDir:
             raise AttnlabError(
                 f"{self.path} is not empty and is not a study folder; choose another --out"
             )
+        # a study inside another's folder is published with it, or inside a run with its weights
+        for parent in self.path.expanduser().resolve().parents:
+            what = (
+                "study" if StudyDir(parent).is_study() else "run" if is_run_folder(parent) else ""
+            )
+            if what:
+                raise AttnlabError(
+                    f"{self.path} lies inside the {what} folder {parent}; choose another --out"
+                )
         check_writable(self.path)
 
     def has_runs(self) -> bool:
@@ -149,6 +160,12 @@ class StudyDir:
             raise AttnlabError(f"cannot read {path}: {e}") from None
         if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
             raise AttnlabError(f"{path} is not a study's results (no list of runs)")
+        for i, run in enumerate(results["runs"]):
+            problem = _run_problem(run)
+            if problem:
+                raise AttnlabError(
+                    f"{path}: run {i + 1} {problem}; restore it as the study wrote it"
+                )
         return results
 
     def write_results(self, results: dict[str, Any], study: dict[str, Any]) -> None:
@@ -158,7 +175,7 @@ class StudyDir:
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=RUN_FIELDS)
             writer.writeheader()
-            writer.writerows(results["runs"])
+            writer.writerows(_nan_to_none(results["runs"]))  # empty, as results.json's null
         tmp.replace(self.path / RESULTS_CSV)
         write_json(self.path / STUDY_JSON, _nan_to_none(study))
 
@@ -214,6 +231,23 @@ class StudyDir:
         tmp = self.path / f"{REPORT}.tmp"
         tmp.write_text(text)
         tmp.replace(self.report)
+
+
+def _run_problem(run: Any) -> str | None:
+    """What makes ``run`` (a row of results.json) not one a study writes, None if nothing."""
+    if not isinstance(run, dict):
+        return f"is {type(run).__name__}, not a table of {', '.join(RUN_FIELDS[:3])}, ..."
+    if not isinstance(run.get("variant"), str):
+        return f"has variant {run.get('variant')!r}, not a name"
+    if not isinstance(run.get("seed"), int) or isinstance(run.get("seed"), bool):
+        return f"({run['variant']}) has seed {run.get('seed')!r}, not a whole number"
+    if run.get("status") not in ("ok", "failed"):
+        return f"({run['variant']} seed {run['seed']}) has status {run.get('status')!r}, not ok or failed"
+    for key in ("val_loss", "best_val_loss", "iters", "wall_s", "sec_per_step", "params"):
+        value = run.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"({run['variant']} seed {run['seed']}) has {key} {value!r}, not a number"
+    return None
 
 
 def _refuse_publishing_over(dest: Path, name: str | None) -> None:

@@ -21,8 +21,7 @@ from attnlab.rundir import finished_summary
 from attnlab.studies import provenance
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
-from attnlab.studies.kinds.lm import kept_budgets
-from attnlab.studies.output import RUN_FIELDS, STUDY_JSON, StudyDir
+from attnlab.studies.output import RESULTS_JSON, RUN_FIELDS, STUDY_JSON, StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.report import render
 from attnlab.studies.spec import StudySpec, load_spec_text, shipped_spec_at
@@ -138,11 +137,6 @@ def _prepared(
     # a missing or unprepared folder fails here, not in every run once the study folder is made
     if data is not None:
         load_dataset(data)
-    elif spec.kind == "lm" and isinstance(scale.data, str):  # a table is prepared by the study
-        try:
-            load_dataset(scale.data)
-        except AttnlabError as e:
-            raise AttnlabError(f"{spec.source}: scale {preset}: data: {e}") from None
     folder = StudyDir(out)
     folder.check_usable()  # what create() refuses, refused here for a plan too
     _refuse_another_study(folder, spec.name, preset)
@@ -167,8 +161,7 @@ def _prepared(
     study = _study(
         spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
     )
-    if spec.kind == "lm":
-        kept_budgets(study)  # a budget timed for another pair is refused before anything is written
+    kind.refuse(study)
     if donors:
         study.reuse.update(kind.reusable(study, donors))
     if not allow_mixed_commits:
@@ -192,6 +185,7 @@ def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -
             "name the study it holds"
         )
     spec, origin = _spec_as_run(spec, record)
+    _check_record(spec, record, results["runs"], folder)
     header = {k: v for k, v in record.items() if k not in _REBUILT}
     header["spec_text"] = spec.text
     header["reported"] = {
@@ -200,9 +194,46 @@ def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -
         "packages": provenance.packages(),
         "spec_from": origin,
     }
+    study = _study(spec, record["preset"], folder, record["seeds"], 1, None, None, header, None)
+    try:  # before the folder is locked: a refused report leaves it as it was
+        outcome = KINDS[spec.kind].rebuild(study, results, record)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise AttnlabError(
+            f"{folder.path}: {STUDY_JSON} or {RESULTS_JSON} is not as the study wrote it "
+            f"({type(e).__name__}: {e}); restore them, or run the study again"
+        ) from None
     with folder.create():
-        study = _study(spec, record["preset"], folder, record["seeds"], 1, None, None, header, None)
-        return study.publish(KINDS[spec.kind].rebuild(study, results, record))
+        return study.publish(outcome)
+
+
+def _check_record(
+    spec: StudySpec, record: dict[str, Any], runs: list[dict[str, Any]], folder: StudyDir
+) -> None:
+    """Refuse a study.json without its preset and seeds, and results.json runs a study could
+    not have made: a variant the spec does not have, a seed it did not run, a run listed twice
+    (each would count in the statistics as a run of its own)."""
+    where = folder.path / STUDY_JSON
+    preset, seeds = record.get("preset"), record.get("seeds")
+    if not isinstance(preset, str):
+        raise AttnlabError(f"{where} names no preset; restore it as the study wrote it")
+    spec.scale(preset)
+    if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
+        raise AttnlabError(f"{where} has seeds {seeds!r}, not a list of whole numbers")
+    seen = set()
+    for run in runs:
+        what = f"{run['variant']} seed {run['seed']}"
+        if run["variant"] not in spec.variants:
+            raise AttnlabError(
+                f"{folder.path / RESULTS_JSON}: run {what}: the study has no variant "
+                f"{run['variant']!r}"
+            )
+        if run["seed"] not in seeds:
+            raise AttnlabError(
+                f"{folder.path / RESULTS_JSON}: run {what}: the study ran seeds {seeds}"
+            )
+        if (run["variant"], run["seed"]) in seen:
+            raise AttnlabError(f"{folder.path / RESULTS_JSON}: run {what} is listed twice")
+        seen.add((run["variant"], run["seed"]))
 
 
 def _git_fields(git: dict[str, Any]) -> dict[str, Any]:

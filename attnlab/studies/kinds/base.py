@@ -52,6 +52,11 @@ class StudyKind(Protocol):
         """Refuse settings the kind cannot run, before anything is written (AttnlabError)."""
         ...
 
+    def refuse(self, study: Study) -> None:
+        """Refuse what needs the study itself (its data, what its folder already holds), before
+        anything is written there (AttnlabError)."""
+        ...
+
     def run(self, study: Study) -> Outcome:
         """Compute (or resume) every unit of work, ``study.publish`` after each; the final outcome."""
         ...
@@ -78,7 +83,11 @@ class StudyKind(Protocol):
 
 
 class TrainsNoRuns:
-    """``reusable`` and ``plan`` of a kind that trains no runs: both are refused."""
+    """``refuse``, ``reusable`` and ``plan`` of a kind that trains no runs: the first has
+    nothing to refuse (its ``check`` saw every setting), the others are refused."""
+
+    def refuse(self, study: Study) -> None:
+        return None
 
     def reusable(self, study: Study, donors: list[StudyDir]) -> dict[str, str]:
         raise AttnlabError(

@@ -57,6 +57,20 @@ class LanguageModel:
             except AttnlabError as e:
                 raise AttnlabError(f"{spec.source}: variant {name!r} at {preset}: {e}") from None
 
+    def refuse(self, study: Study) -> None:
+        """A named data folder that is missing or unprepared (a table is prepared by the study),
+        and a wall-clock budget in the folder timed for another pair: each refused here, not in
+        every run once the study folder is made."""
+        scale = study.spec.scale(study.preset)
+        if study.data is None and isinstance(scale.data, str):
+            try:
+                load_dataset(scale.data)
+            except AttnlabError as e:
+                raise AttnlabError(
+                    f"{study.spec.source}: scale {study.preset}: data: {e}"
+                ) from None
+        kept_budgets(study)
+
     def run(self, study: Study) -> Outcome:
         """Every run, then the wall-clock-matched ones; publish after each finished run.
 

@@ -60,7 +60,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         f"MDE = the smallest |mean diff| these seeds detect with {100 * POWER:.0f} % power at "
         f"α = {ALPHA} given the observed spread (exact, noncentral t); bootstrap = percentile "
         f"interval of {BOOTSTRAP_RESAMPLES:,} resamples of the seeds (fixed generator seed), "
-        f"from {BOOTSTRAP_MIN_N} seeds. ppl change = exp(mean diff) − 1 and its CI exp of the "
+        f"made only for a comparison of {BOOTSTRAP_MIN_N} seeds or more (— with fewer). ppl change = exp(mean diff) − 1 and its CI exp of the "
         f"difference's t interval. Verdicts at p < {ALPHA} (uncorrected; Holm beside it):",
         "",
         *(f"- {verdict(c)}" for c in results["comparisons"]),
