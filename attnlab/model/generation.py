@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -189,7 +190,7 @@ def generate(
     idx: torch.Tensor,
     max_new_tokens: int,
     on_token: Callable[[torch.Tensor], None] | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> torch.Tensor:
     """The prompt followed by up to max_new_tokens sampled tokens (see ``stream`` for options)."""
     check_sampling(

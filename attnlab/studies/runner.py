@@ -123,7 +123,7 @@ def _prepared(
 ) -> Study:
     """The study as ``run_study`` runs it, every refusal made and nothing written in ``out``."""
     if variants is not None:
-        if not variants:  # `--variants ,` ran every variant
+        if not variants and spec.variants:  # `--variants ,` ran every variant
             raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
         spec = spec.training(variants)
     scale = spec.scale(preset)

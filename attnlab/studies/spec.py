@@ -17,12 +17,20 @@ variant's own overrides < the scale's per-variant overrides. A scale (``[scale.c
 saying what it scales down. A scale's per-variant table may set that variant's own ``seeds`` (at
 most the scale's): it runs the first that many of the study's seeds (a control needs fewer than
 the main arms), and a wall-clock-matched variant runs its baseline's.
+
+A variant's name is a folder under --out and a row of the report's tables: 1 to 64 letters,
+digits, '.', '_' or '-'. Its runs' seeds are the study's (``seeds = N`` or ``--seeds``), never a
+``train.seed``. Every value is refused in one line when the spec is read, or by its kind's
+``check`` (attnlab.studies.kinds), before the study folder is made.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -32,7 +40,7 @@ from attnlab.config import ModelConfig, TrainConfig, unknown_key_message
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.studies import SCALES
-from attnlab.train.spec import tomllib
+from attnlab.train.spec import default_data_for, tomllib
 
 KINDS = ("lm", "overhead", "retrieval")
 WALLCLOCK_SUFFIX = "-wallclock"
@@ -107,6 +115,10 @@ class StudySpec:
         A wall-clock-matched variant needs both the baseline it re-runs and the mechanism it is
         timed against.
         """
+        if not self.variants:  # "it has " and nothing: only lm studies train variants
+            raise AttnlabError(
+                f"--variants: kind = {self.kind!r} studies train no variants; leave it out"
+            )
         unknown = [n for n in names if n not in self.variants]
         if unknown:
             raise AttnlabError(
@@ -223,10 +235,81 @@ def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+def check_keys(
+    data: dict[str, Any], allowed: Sequence[str], where: str, what: str = "study"
+) -> None:
+    """Refuse a key of ``data`` not in ``allowed``, naming a close spelling and every known key."""
     for key in data:
         if key not in allowed:
-            raise AttnlabError(f"{where}: " + unknown_key_message(key, list(allowed), "study"))
+            known = ", ".join(allowed)
+            raise AttnlabError(
+                f"{where}: {unknown_key_message(key, list(allowed), what)} (known: {known})"
+            )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one value of a kind's table must be: ``test`` passes it, or it "must be ``what``"."""
+
+    test: Callable[[Any], bool]
+    what: str
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # a bool is an int to Python
+
+
+def _finite(value: Any) -> bool:
+    return (_whole(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def whole_number(least: int) -> Rule:
+    return Rule(lambda v: _whole(v) and v >= least, f"a whole number >= {least}")
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    return Rule(lambda v: isinstance(v, str) and v in choices, f"one of {', '.join(choices)}")
+
+
+def list_of(item: Rule, empty: bool = False) -> Rule:
+    """A list (non-empty unless ``empty``) of values that each pass ``item``."""
+    return Rule(
+        lambda v: isinstance(v, list) and (empty or bool(v)) and all(item.test(x) for x in v),
+        f"a {'' if empty else 'non-empty '}list, each {item.what}",
+    )
+
+
+FINITE = Rule(_finite, "a finite number")
+POSITIVE = Rule(lambda v: _finite(v) and v > 0, "a finite number > 0")
+FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
+TEXT = Rule(lambda v: isinstance(v, str), "a string")
+TABLE = Rule(lambda v: isinstance(v, dict), "a table")
+# a column or row name, or a title: a cell or heading of the report's markdown, which a '|' or
+# a line break would split
+LABEL = Rule(
+    lambda v: isinstance(v, str) and bool(v.strip()) and not any(c in v for c in "|\r\n"),
+    "a non-empty string without '|' or line breaks",
+)
+
+
+def check_table(
+    table: Any,
+    rules: dict[str, Rule],
+    where: str,
+    what: str,
+    required: Sequence[str] = (),
+) -> None:
+    """Refuse (in one line) a kind-specific ``table`` of the spec that is not a table of only
+    the keys of ``rules``, each value passing its rule, with every key ``required``."""
+    if not isinstance(table, dict):
+        raise AttnlabError(f"{where} must be a table, not {table!r}")
+    check_keys(table, list(rules), where, what)
+    for key, value in table.items():
+        if not rules[key].test(value):
+            raise AttnlabError(f"{where}: {key} must be {rules[key].what}, not {value!r}")
+    for key in required:
+        if key not in table:
+            raise AttnlabError(f"{where}: needs {key}")
 
 
 _FIELDS = {
@@ -245,6 +328,11 @@ def _check_fields(table: dict[str, Any], where: str) -> None:
         for key in overrides:
             if key not in known:
                 raise AttnlabError(f"{where}: {unknown_key_message(key, known, section)}")
+        if section == "train" and "seed" in overrides:  # planned() sets every run's seed
+            raise AttnlabError(
+                f"{where}: train.seed is not read in a study: its runs' seeds come from "
+                "`seeds = N` (0 .. N-1) or `--seeds`; leave it out"
+            )
 
 
 _TYPES = {str: "a string", bool: "true or false", float: "a number", dict: "a table"}
@@ -260,6 +348,8 @@ def _typed(table: dict[str, Any], key: str, kinds: tuple[type, ...], where: str)
         fits = bool in kinds
     else:  # an integer is a number too
         fits = isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+    if fits and isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf
+        raise AttnlabError(f"{where}: {key} must be a finite number, not {value!r}")
     if fits:
         return value
     what = " or ".join(_TYPES[k] for k in kinds)
@@ -274,18 +364,50 @@ def _seeds(table: dict[str, Any], where: str, default: int) -> int:
     return seeds
 
 
+NAME_MAX = 64
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def _check_path_name(name: str, what: str) -> None:
-    """Variant names become folders under --out: no separators, no '..', nothing hidden."""
+    """Variant names become folders under --out (no separators, no '..', nothing hidden, well
+    under the file-name limit with its wall-clock arm's suffix) and rows of the report's markdown
+    tables (no '|', no line break): 1 to NAME_MAX letters, digits, '.', '_' or '-'."""
     if not name or name.startswith(".") or any(c in name for c in "/\\\0:"):
         raise AttnlabError(
             f"{what} name {name!r} cannot be a folder name (no '/', '\\', ':' or leading '.')"
         )
+    if len(name) > NAME_MAX or not _NAME.fullmatch(name):
+        shown = (
+            repr(name) if len(name) <= NAME_MAX else f"{name[:16]!r}... ({len(name)} characters)"
+        )
+        raise AttnlabError(
+            f"{what} name {shown} must be 1 to {NAME_MAX} letters (a-z, A-Z), digits, '.', '_' or "
+            "'-', starting with a letter or digit"
+        )
+
+
+# the types of a ``{corpus, tokenizer, vocab_size}`` data table, checked before its meaning
+_DATA = {"corpus": TEXT, "tokenizer": TEXT, "vocab_size": whole_number(1)}
+
+
+def _data(s: dict[str, Any], where: str, preset: str) -> Any:
+    """A scale's ``data``: a folder (checked when the study starts: it may be prepared by then)
+    or a table of the shipped corpus prepared the way it says, checked here."""
+    data = _typed(s, "data", (str, dict), f"{where} scale {preset}")
+    if isinstance(data, dict):
+        at = f"{where}: scale {preset}: data"
+        check_table(data, _DATA, at, "data")
+        try:  # the corpus, tokenizer and vocabulary as the data module knows them
+            default_data_for(data)
+        except AttnlabError as e:
+            raise AttnlabError(f"{at}: {e}") from None
+    return data
 
 
 def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) -> StudySpec:
     """Validate a study table (as read from TOML ``text``) into a StudySpec."""
     where = source or "study spec"
-    _check_keys(
+    check_keys(
         data, ("name", "description", "kind", "variants", "comparisons", "scale", "params"), where
     )
     kind = data.get("kind", "lm")
@@ -296,7 +418,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
     variants: dict[str, Variant] = {}
     for name, v in _table(data, "variants", where).items():
         _check_path_name(name, f"{where}: variant")
-        _check_keys(
+        check_keys(
             v, ("preset", "description", "model", "train", "reference"), f"{where} variant {name}"
         )
         if "preset" not in v:
@@ -328,7 +450,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
     if not isinstance(listed, list) or not all(isinstance(c, dict) for c in listed):
         raise AttnlabError(f"{where}: comparisons must be [[comparisons]] tables")
     for c in listed:
-        _check_keys(
+        check_keys(
             c,
             ("baseline", "variant", "wallclock", "wallclock_reference", "reference_t"),
             f"{where} comparison",
@@ -361,7 +483,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
     for preset, s in _table(data, "scale", where).items():
         if preset not in SCALES:
             raise AttnlabError(f"{where}: scale {preset!r} is not one of {', '.join(SCALES)}")
-        _check_keys(
+        check_keys(
             s,
             ("seeds", "notes", "data", "model", "train", "variants", "params"),
             f"{where} scale {preset}",
@@ -374,7 +496,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
                 raise AttnlabError(f"{where}: scale {preset} overrides unknown variant {name!r}")
             if not isinstance(own, dict):
                 raise AttnlabError(f"{at} variant {name} must be a table")
-            _check_keys(own, ("model", "train", "seeds"), f"{at} variant {name}")
+            check_keys(own, ("model", "train", "seeds"), f"{at} variant {name}")
             _check_fields(own, f"{at} variant {name}")
             if "seeds" in own and _seeds(own, f"{at} variant {name}", seeds) > seeds:
                 raise AttnlabError(
@@ -385,7 +507,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
         scales[preset] = Scale(
             seeds,
             _typed(s, "notes", (str,), at) or "",
-            _typed(s, "data", (str, dict), at),
+            _data(s, where, preset),
             _table(s, "model", where),
             _table(s, "train", where),
             per_variant,

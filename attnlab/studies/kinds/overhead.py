@@ -4,35 +4,80 @@ through ``attnlab bench overhead``'s timer. One measurement, no seeds to pair.""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict
 from typing import Any
 
 from attnlab.bench import overhead
+from attnlab.config import ModelConfig
+from attnlab.device import resolve_device
+from attnlab.errors import AttnlabError
 from attnlab.studies.kinds.base import Outcome, Study, TrainsNoRuns
 from attnlab.studies.output import figure_link
-from attnlab.studies.spec import StudySpec
+from attnlab.studies.spec import FLAG, TEXT, StudySpec, check_table, list_of, whole_number
 
 FIGURE = "overhead.png"
 _MEASURED = ("overhead", "overhead_table", "unavailable")  # study.json's own fields
+_ARGUMENTS = inspect.signature(overhead.measure).parameters
+_DEFAULTS = {k: p.default for k, p in _ARGUMENTS.items() if p.default is not p.empty}
+# what each of bench overhead's keyword arguments takes in a spec's params, all of them in its
+# order (the known keys a refusal lists); which benchmark variants and devices exist is checked
+# apart, with their own messages
+_SIZE = whole_number(1)
+_RULES = {
+    "widths": list_of(_SIZE),
+    **dict.fromkeys(("layers", "batch", "block", "reps"), _SIZE),
+    "warmup": whole_number(0),
+    **dict.fromkeys(("n_head", "vocab"), _SIZE),
+    "device": TEXT,
+    "mechanisms": list_of(TEXT, empty=True),  # none: every registered mechanism's variants
+    "compile": FLAG,
+}
 
 
 def _options(spec: StudySpec, preset: str) -> dict[str, Any]:
-    """bench overhead's keyword arguments: the spec's params, then the preset's."""
-    return {**spec.params, **spec.scale(preset).params}
+    """bench overhead's keyword arguments: its defaults, the spec's params, then the preset's."""
+    return {**_DEFAULTS, **spec.params, **spec.scale(preset).params}
 
 
 class Overhead(TrainsNoRuns):
     """One interleaved timing of every mechanism at every width."""
 
     def check(self, spec: StudySpec, preset: str) -> None:
-        overhead.check_variants(_options(spec, preset).get("mechanisms", []))
+        """Every value bench overhead would be given, and the model of every width: a wrong one
+        fails here, not in the timing once the study folder is made."""
+        for where, table in (
+            ("params", spec.params),
+            (f"scale {preset} params", spec.scale(preset).params),
+        ):
+            check_table(table, _RULES, f"{spec.source} {where}", "params")
+        opts = _options(spec, preset)
+        where = f"{spec.source} params at {preset}"
+        missing = [k for k in _ARGUMENTS if k not in opts]
+        if missing:
+            raise AttnlabError(f"{where}: needs {missing[0]} (in [params] or the scale's params)")
+        overhead.check_variants(opts["mechanisms"] or [])
+        try:
+            resolve_device(opts["device"])
+            for width in opts["widths"]:  # the vanilla model measure() builds first
+                ModelConfig(
+                    n_layer=opts["layers"],
+                    n_head=opts["n_head"],
+                    n_embd=width,
+                    block_size=opts["block"],
+                    vocab_size=opts["vocab"],
+                )
+        except AttnlabError as e:
+            raise AttnlabError(f"{where}: {e}") from None
 
     def run(self, study: Study) -> Outcome:
         opts = _options(study.spec, study.preset)
+        # "auto" as the machine resolves it: the timer takes a device, not a choice
+        opts["device"] = str(resolve_device(opts["device"]))
         rows, missing = overhead.measure(**opts)
         title = (
-            f"{opts.get('layers', 6)} layers, batch {opts.get('batch', 8)}, "
-            f"block {opts.get('block', 256)}, {opts.get('reps', 5)} interleaved reps"
+            f"{opts['layers']} layers, batch {opts['batch']}, "
+            f"block {opts['block']}, {opts['reps']} interleaved reps"
         )
         overhead.plot(rows, str(study.out.figure(FIGURE)), title)
         extra = {
