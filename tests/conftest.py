@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,30 @@ def train_tiny(tiny_data: Path):
         return trainer, trainer.run(until)
 
     return run
+
+
+def interrupt_cli(
+    args: list[str], ready: Callable[[], bool], signum: int, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Start `python -m attnlab ARGS`, send it ``signum`` once ``ready()`` holds, and return its
+    exit code and stderr (the process is killed should the test fail meanwhile)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err
 
 
 def run_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import interrupt_cli, run_cli
 
 TINY = [
     "n_layer=2",
@@ -198,32 +198,17 @@ def test_other_runtime_errors_still_show_their_traceback(monkeypatch: pytest.Mon
 def test_an_interrupted_demo_says_it_is_discarded(tmp_path: Path) -> None:
     """Ctrl-C (or SIGTERM) in a demo said "saved runs/.demo.tmp-PID/latest; continue with:
     attnlab train --resume runs/.demo.tmp-PID", a temporary folder removed as the demo stopped."""
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
-
-    from conftest import ROOT
 
     out = tmp_path / "demo"
     args = ["max_iters=100000", "max_seconds=600", "eval_interval=100000", "log_interval=1",
             "batch_size=4", "tensorboard=false"]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "demo", "--out", str(out), *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        while not any(len(m.read_text().splitlines()) > 3 for m in tmp_path.glob(".demo.*/*.csv")):
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
+    code, err = interrupt_cli(
+        ["demo", "--out", str(out), *args],
+        lambda: any(len(m.read_text().splitlines()) > 3 for m in tmp_path.glob(".demo.*/*.csv")),
+        signal.SIGINT,
+    )
+    assert code == 130, err
     line = next(x for x in err.splitlines() if x.startswith("interrupted at iter"))
     assert line.endswith(": the unfinished demo is discarded (run `attnlab demo` again)")
     assert list(tmp_path.iterdir()) == []  # neither the demo nor its temporary folder

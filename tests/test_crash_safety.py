@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_cli
+from conftest import ROOT, interrupt_cli, run_cli
 from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
@@ -269,22 +269,14 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_resume_command(
     work since the last checkpoint lost; it now stops like Ctrl-C."""
     run = tmp_path / "run"
     args = [a for a in RUN_ARGS if not a.startswith(("max_iters", "ckpt_interval"))]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "train", "--data", str(tiny_data), "--out", str(run),
-         *args, "max_iters=100000", "ckpt_interval=100000"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    code, err = interrupt_cli(
+        ["train", "--data", str(tiny_data), "--out", str(run), *args, "max_iters=100000",
+         "ckpt_interval=100000"],
+        lambda: (run / "metrics.csv").is_file() and len(metrics(run)) >= 3,
+        signum,
+        ENV,
     )  # fmt: skip
-    try:
-        while not (run / "metrics.csv").is_file() or len(metrics(run)) < 3:
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.02)
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signum, err
+    assert code == 128 + signum, err
     it = saved_iter(run / "latest")
     assert it >= 8
     said = f"at iter {it}: saved {run / 'latest'}; continue with: attnlab train --resume {run}"
@@ -316,22 +308,13 @@ def test_an_interrupted_study_says_the_study_resumes_its_run(tiny_data: Path, tm
     (tmp_path / "long.toml").write_text(STUDY_SPEC)
     out = tmp_path / "study"
     run = out / "runs" / "base" / "seed0"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **ENV}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "study", str(tmp_path / "long.toml"), "--out", str(out),
-         "--data", str(tiny_data)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        while not (run / "metrics.csv").is_file() or len(metrics(run)) < 3:
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
+    code, err = interrupt_cli(
+        ["study", str(tmp_path / "long.toml"), "--out", str(out), "--data", str(tiny_data)],
+        lambda: (run / "metrics.csv").is_file() and len(metrics(run)) >= 3,
+        signal.SIGINT,
+        ENV,
+    )
+    assert code == 130, err
     it = saved_iter(run / "latest")
     said = f"at iter {it}: saved {run / 'latest'}; the same `attnlab study` command resumes it"
     assert err.splitlines()[-2:] == [f"interrupted {said}", "interrupted"]
