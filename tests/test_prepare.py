@@ -272,8 +272,8 @@ def test_hf_source_online_keeps_the_libraries_log(
     ("then", "expected"),
     [
         ({"train_tokens": 90, "val_tokens": 10, "val_sha256": "a"}, None),
-        ({"train_tokens": 90, "val_tokens": 10, "val_sha256": "b"}, "its val tokens differ: 90 "
-         "train / 10 val then, 90 / 10 now"),
+        ({"train_tokens": 90, "val_tokens": 10, "val_sha256": "b"}, "its val tokens differ "
+         "(another sha256, the same 90 train / 10 val tokens)"),  # said "90 then, 90 now"
         ({"train_tokens": 80, "val_tokens": 20}, "its train and val tokens differ: 80 train / 20 "
          "val then, 90 / 10 now"),
         ({"train_tokens": "x"}, "its train tokens differ"),  # a hand-edited record

@@ -250,8 +250,13 @@ def test_a_study_refuses_run_folders_of_another_setup(
     assert message.startswith(
         f"{out / 'runs/base/seed0'} holds a run of another setup than base seed 0 here ("
     )
+    moved = (  # a copy restored on another machine names its data by this machine's path
+        " (a study copied from another machine: prepare its data at the path its runs name, "
+        "e.g. with the same ATTNLAB_HOME, or pass --data that path)"
+    )
     assert expected in message and message.endswith(
         "): use another --out, or move that folder away to train it again"
+        + (moved if "data" in change else "")
     )
     assert "\n" not in message
     assert snapshot(out) == before

@@ -242,8 +242,7 @@ def test_a_study_is_reported_again_without_its_run_folders(finished: Path, tmp_p
         f"{out} holds study 'prov', not 'kv-bias'; name the study it holds"
     )
     p = run_cli("study", str(spec), "--out", str(tmp_path / "none"), "--report-only")
-    missing = tmp_path / "none" / output.RESULTS_JSON
-    assert error_line(p, "study") == f"{missing}: not found; run the study first"
+    assert error_line(p, "study") == f"{tmp_path / 'none'} holds no study.json; run the study first"
     assert not (tmp_path / "none").exists()
 
 

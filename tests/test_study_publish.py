@@ -207,3 +207,99 @@ def test_a_nan_loss_is_null_in_results_json_and_empty_in_results_csv(tmp_path: P
     with (tmp_path / output.RESULTS_CSV).open() as f:
         (cells,) = list(csv.DictReader(f))
     assert written["val_loss"] is None and cells["val_loss"] == "" and cells["iters"] == "4"
+
+
+def _restored(study: tuple[Path, Path], tmp_path: Path) -> Path:
+    """The study's published copy, put back as a study folder (another machine's)."""
+    spec, folder = study
+    dest = tmp_path / "copy"
+    assert run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest)).returncode == 0
+    return dest
+
+
+def _edit_json(path: Path, **values: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+@pytest.mark.parametrize("case", ["no-env", "iters", "loss-text", "loss-made-up", "cut-curve"])
+def test_records_that_disagree_are_refused(
+    study: tuple[Path, Path], tmp_path: Path, tiny_data: Path, case: str
+) -> None:
+    """A restored run counts from its summary.json alone: an edited one (a made-up loss, more
+    iterations than planned, a curve cut short, no env.json to tell its code state) entered the
+    statistics, or was a traceback."""
+    spec = study[0]
+    run = _restored(study, tmp_path) / "runs" / "base" / "seed0"
+    summary = json.loads((run / "summary.json").read_text())
+    final = summary["final_val_loss"]
+    if case == "no-env":
+        (run / "env.json").unlink()
+    elif case == "iters":
+        _edit_json(run / "summary.json", iters=8)
+    elif case == "loss-text":
+        _edit_json(run / "summary.json", final_val_loss="abc")
+    elif case == "loss-made-up":
+        _edit_json(run / "summary.json", final_val_loss=1.0)
+    else:  # the evaluations up to iteration 2 of 4
+        lines = (run / "metrics.csv").read_text().splitlines(keepends=True)
+        (run / "metrics.csv").write_text("".join(lines[:3]))
+    before = snapshot(tmp_path)
+    p = run_cli("study", str(spec), "--out", str(run.parents[2]), "--data", str(tiny_data))
+    problem = {
+        "no-env": "env.json is missing",
+        "iters": "summary.json says 8 iterations, its config.json max_iters 4",
+        "loss-text": "summary.json's final_val_loss is 'abc', not a number",
+        "loss-made-up": f"summary.json's final val loss 1.0 is not metrics.csv's at iteration 4 "
+        f"({final!r})",
+        "cut-curve": f"summary.json's final val loss {final!r} is not metrics.csv's at "
+        "iteration 4 (none)",
+    }[case]
+    assert error_line(p, "study") == (
+        f"{run}: {problem}, so its results cannot be trusted: restore the run's files as it "
+        "wrote them, or move that folder away to train it again"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_a_plan_says_a_run_without_a_checkpoint_trains_again(
+    study: tuple[Path, Path], tmp_path: Path, tiny_data: Path
+) -> None:
+    """A copy's unfinished run has records but no checkpoint: it trains from the start (the plan
+    said "resumes near iteration 4" and left it out of the time left)."""
+    spec = study[0]
+    copy = _restored(study, tmp_path)
+    (copy / "runs" / "base" / "seed0" / "summary.json").unlink()
+    p = run_cli("study", str(spec), "--out", str(copy), "--data", str(tiny_data), "--plan")
+    assert p.returncode == 0, p.stderr
+    states = {line.split()[0]: line.split(None, 3)[3] for line in p.stdout.splitlines()[2:4]}
+    assert states == {"base": "trains again (records, no checkpoint)", "wide": "finished"}
+    assert "left: 1 runs" in p.stdout
+
+
+@pytest.mark.parametrize("flag", ["--report-only", "--publish"])
+@pytest.mark.parametrize("case", ["no-study-json", "running"])
+def test_a_study_json_not_there_is_named(
+    study: tuple[Path, Path], tmp_path: Path, flag: str, case: str
+) -> None:
+    """A copy without study.json was "holds study None" and "not a study folder"; a study still
+    in its first run was "run the study first"."""
+    spec = study[0]
+    copy = _restored(study, tmp_path)
+    (copy / "study.json").unlink()
+    args = [str(tmp_path / "pub")] if flag == "--publish" else []
+    if case == "no-study-json":
+        before = snapshot(tmp_path)
+        p = run_cli("study", str(spec), "--out", str(copy), flag, *args)
+        assert error_line(p, "study") == (
+            f"{copy} holds results.json but no study.json; restore it (a published copy carries it)"
+        )
+    else:
+        copy = tmp_path / "fresh"
+        with output.StudyDir(copy).create():  # what a study in its first run holds
+            before = snapshot(tmp_path)
+            p = run_cli("study", str(spec), "--out", str(copy), flag, *args)
+            assert error_line(p, "study") == (
+                f"{copy}: the study running there (PID {os.getpid()}) has not written its "
+                "study.json yet (it does after its first run); wait for that"
+            )
+    assert snapshot(tmp_path) == before

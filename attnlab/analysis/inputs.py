@@ -53,8 +53,16 @@ def validation_windows(
     return chunk[:-1].view(n, block_size), chunk[1:].view(n, block_size)
 
 
+def check_not_file(run: str | Path) -> None:
+    """Refuse a RUN that is a plain file (a spec, a .pt), first: it was otherwise taken for a
+    folder to write RUN/analysis into, or reported as a folder holding no checkpoint."""
+    if Path(run).expanduser().is_file():
+        raise AttnlabError(f"{run} is a file, not a run or model folder")
+
+
 def load_inputs(run: str, data: str | None, sequences: int, device: str = "cpu") -> Inputs:
     """A run (or model folder) and ``sequences`` windows of its validation split (or ``data``'s)."""
+    check_not_file(run)
     if sequences < 1:  # else validation_windows says the split is too short
         raise AttnlabError(f"--sequences must be >= 1, got {sequences}")
     model, tokenizer = load_pretrained(run, device=device)
@@ -69,6 +77,7 @@ def load_inputs(run: str, data: str | None, sequences: int, device: str = "cpu")
 
 def load_baseline(path: str, like: torch.nn.Module, device: str = "cpu") -> torch.nn.Module:
     """A comparison model that can read the same windows (same block_size and vocabulary)."""
+    check_not_file(path)
     model, _ = load_pretrained(path, device=device)
     for field in ("block_size", "vocab_size"):
         if getattr(model.config, field) != getattr(like.config, field):
@@ -175,6 +184,7 @@ def default_analysis_dir(run: str | Path, name: str = "RUN") -> Path:
     checkpoint, and export refuses a folder holding anything else: an analysis written into it
     would be lost or in the way, so such a RUN needs --out.
     """
+    check_not_file(run)
     folder = Path(run)
     if folder.is_dir() and not is_run_folder(folder):
         raise AttnlabError(

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from attnlab.analysis.inputs import token_pieces, write_csv
+from attnlab.analysis.inputs import check_not_file, token_pieces, write_csv
 from attnlab.config import check_seed
 from attnlab.data.prepare import load_dataset
 from attnlab.data.tokenizer import Tokenizer
@@ -132,7 +132,10 @@ def sample_texts(
     _check_sizes(samples, length)
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    opts = dict(temperature=temperature, top_k=top_k, generator=gen)
+    # a model whose vocab_size is padded above the tokenizer's would draw ids with no text
+    opts = dict(
+        temperature=temperature, top_k=top_k, generator=gen, vocab_limit=tokenizer.vocab_size
+    )
     out = torch.tensor([tokenizer.encode(prompt)] * samples, dtype=torch.long, device=device)
     start = out.size(1)
     if exact_window:
@@ -185,6 +188,8 @@ def name_test(
     """The name test for each run (same seed for all): the cast and one score per run."""
     _check_sizes(samples, length)
     check_seed("seed", seed)
+    for run in runs:  # before their data is looked for
+        check_not_file(run)
     data_dir = shared_data_dir([str(run) for run in runs], data)
     if data_dir is None:  # the cast of some other text would score the runs against it
         raise AttnlabError(f"{runs[0]} is not a run folder, so its data is unknown: pass --data")

@@ -161,6 +161,7 @@ def converse(args: argparse.Namespace, model: Any, tok: Any, stops: set[int]) ->
             eos_token_id=tok.token_to_id(IM_END),
             generator=gen,
             suppress_tokens=suppress,
+            vocab_limit=tok.vocab_size,
         )
         try:
             reply = echo_tokens(tok, [], (int(t) for t in tokens), stops)

@@ -113,7 +113,14 @@ def train_and_sample(run_dir: Path, spec: RunSpec, preset: str, started: float) 
     gen = torch.Generator(device=trainer.device).manual_seed(1337)
     start = start_tokens(trainer.data.tokenizer, trainer.data.dir)
     prompt = torch.tensor([start], device=trainer.device)
-    sample = trainer.model.generate(prompt, 400, temperature=0.8, top_k=50, generator=gen)
+    sample = trainer.model.generate(
+        prompt,
+        400,
+        temperature=0.8,
+        top_k=50,
+        generator=gen,
+        vocab_limit=trainer.data.tokenizer.vocab_size,
+    )
     print(
         "sample:\n" + "-" * 60 + trainer.data.tokenizer.decode(sample[0].tolist()) + "\n" + "-" * 60
     )

@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 use_cache=not args.no_cache,
                 generator=gen,
                 suppress_tokens=suppress,
+                vocab_limit=tokenizer.vocab_size,
             )
             echo_tokens(tokenizer, ids, (int(t) for t in tokens), stop={eos} - {None})
             print()

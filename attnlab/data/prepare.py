@@ -433,6 +433,11 @@ def fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
     sizes = [d.get(k) for d in (then, now) for k in ("train_tokens", "val_tokens")]
     if not all(isinstance(n, int) for n in sizes):  # a hand-edited record: no sizes to show
         return f"its {' and '.join(changed)} tokens differ"
+    if sizes[:2] == sizes[2:]:  # other tokens in the same number: only the sha256 tells
+        return (
+            f"its {' and '.join(changed)} tokens differ (another sha256, the same "
+            f"{sizes[0]:,} train / {sizes[1]:,} val tokens)"
+        )
     return (
         f"its {' and '.join(changed)} tokens differ: {sizes[0]:,} train / {sizes[1]:,} val "
         f"then, {sizes[2]:,} / {sizes[3]:,} now"

@@ -25,6 +25,7 @@ def check_sampling(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    vocab_limit: int | None = None,
 ) -> None:
     """Refuse sampling settings that would otherwise quietly mean something else."""
     problems = [
@@ -46,6 +47,10 @@ def check_sampling(
             top_p is not None
             and (not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0),  # NaN too
             f"top_p={top_p!r} must be in (0, 1]",
+        ),
+        (
+            vocab_limit is not None and (not isinstance(vocab_limit, int) or vocab_limit < 1),
+            f"vocab_limit={vocab_limit!r} must be an integer >= 1",
         ),
     ]
     for bad, message in problems:
@@ -70,6 +75,20 @@ def filter_logits(
     return logits
 
 
+def restrict_logits(
+    logits: torch.Tensor, suppress_tokens: Sequence[int] = (), vocab_limit: int | None = None
+) -> torch.Tensor:
+    """``logits`` [B, V] with the ids that must never be drawn set to -inf: ``suppress_tokens``
+    and every id >= ``vocab_limit``."""
+    if suppress_tokens:
+        ids = torch.tensor(suppress_tokens, device=logits.device)
+        logits = logits.index_fill(-1, ids, -math.inf)
+    if vocab_limit is not None and vocab_limit < logits.size(-1):
+        logits = logits.clone()
+        logits[..., vocab_limit:] = -math.inf
+    return logits
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -81,9 +100,10 @@ def sample_next(
     if temperature <= 0.0:
         return logits.argmax(dim=-1, keepdim=True)
     scaled = logits / temperature
-    if torch.isinf(scaled).any():  # a temperature so small (1e-30) that logits overflowed: NaN
-        # probabilities; shifted by their maximum first they keep it finite, with the same
-        # distribution (only here: ordinary temperatures draw exactly as they always did)
+    # a temperature so small (1e-30) that finite logits overflowed: NaN probabilities; shifted
+    # by their maximum first they keep it finite, with the same distribution (only here:
+    # ordinary temperatures draw exactly as they always did, masked -inf logits or not)
+    if (torch.isinf(scaled) & torch.isfinite(logits)).any():
         scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     logits = filter_logits(scaled, top_k, top_p)
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
@@ -121,12 +141,16 @@ def stream(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     suppress_tokens: Sequence[int] = (),
+    vocab_limit: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token column [B, 1]; stops early once every row has produced EOS.
 
-    ``suppress_tokens`` are never drawn (an export's added rows: tokens the model never trained).
+    ``suppress_tokens`` are never drawn (an export's added rows: tokens the model never trained),
+    nor is any id >= ``vocab_limit``: pass the tokenizer's vocabulary size when the ids are
+    decoded, since a model's vocab_size may be padded above it (as nanoGPT pads GPT-2's 50257 to
+    50304) and a padded id decodes to nothing. Both are masked before temperature, top-k, top-p.
     """
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, vocab_limit)
     block_size = model.config.block_size
     cache: KVCache | None = None
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
@@ -143,9 +167,7 @@ def stream(
                     else:
                         cache = None
                         logits, _ = model(idx[:, -block_size:])  # the whole (cropped) context
-        last = logits[:, -1, :]
-        if suppress_tokens:
-            last = last.index_fill(-1, torch.tensor(suppress_tokens, device=last.device), -math.inf)
+        last = restrict_logits(logits[:, -1, :], suppress_tokens, vocab_limit)
         nxt = sample_next(last, temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             nxt = torch.where(done[:, None], torch.full_like(nxt, eos_token_id), nxt)
@@ -194,7 +216,11 @@ def generate(
 ) -> torch.Tensor:
     """The prompt followed by up to max_new_tokens sampled tokens (see ``stream`` for options)."""
     check_sampling(
-        max_new_tokens, kwargs.get("temperature", 1.0), kwargs.get("top_k"), kwargs.get("top_p")
+        max_new_tokens,
+        kwargs.get("temperature", 1.0),
+        kwargs.get("top_k"),
+        kwargs.get("top_p"),
+        kwargs.get("vocab_limit"),
     )
     was_training = model.training
     model.eval()

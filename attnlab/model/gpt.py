@@ -240,13 +240,15 @@ class GPT(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         suppress_tokens: Sequence[int] = (),
+        vocab_limit: int | None = None,
     ) -> torch.Tensor:
         """The prompt ``idx`` [B, T] followed by up to max_new_tokens sampled tokens.
 
         temperature 0 is greedy; top_k / top_p filter before sampling; rows that produce
         ``eos_token_id`` stop (and are padded with it until every row has); the KV cache gives
         the same tokens as recomputing the whole context (see attnlab.model.generation);
-        ``suppress_tokens`` are never drawn.
+        ``suppress_tokens`` are never drawn, nor ids from ``vocab_limit`` up (a vocabulary
+        padded beyond its tokenizer's).
         """
         return generate(
             self,
@@ -259,4 +261,5 @@ class GPT(nn.Module):
             use_cache=use_cache,
             generator=generator,
             suppress_tokens=suppress_tokens,
+            vocab_limit=vocab_limit,
         )

@@ -27,6 +27,7 @@ from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.train import checkpoint as ckpt
+from attnlab.train.metrics import val_losses
 from attnlab.train.spec import RunSpec, as_overrides, resolve
 from attnlab.train.trainer import Trainer
 
@@ -286,11 +287,51 @@ def refuse_other_setups(jobs: Sequence[Job]) -> None:
         diffs = setup_differences(job)
         if diffs:
             more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+            moved = any(d.startswith("data ") for d in diffs)
             raise AttnlabError(
                 f"{job.run_dir} holds a run of another setup than {job.variant} seed {job.seed} "
                 f"here ({'; '.join(diffs[:3])}{more}): use another --out, or move that folder "
                 "away to train it again"
+                + (
+                    " (a study copied from another machine: prepare its data at the path its "
+                    "runs name, e.g. with the same ATTNLAB_HOME, or pass --data that path)"
+                    if moved
+                    else ""
+                )
             )
+        problem = record_problem(job.run_dir)
+        if problem:
+            raise AttnlabError(
+                f"{job.run_dir}: {problem}, so its results cannot be trusted: restore the run's "
+                "files as it wrote them, or move that folder away to train it again"
+            )
+
+
+def record_problem(run_dir: str | Path) -> str | None:
+    """Why a finished run's records (attnlab.rundir.RECORDS) disagree with one another, None if
+    they agree or the run is not finished. A study counts such a run from summary.json alone,
+    so one edited or cut short would enter the statistics unseen."""
+    folder = RunDir(run_dir)
+    summary = finished_summary(run_dir)
+    if summary is None:
+        return None
+    if not folder.env.is_file():  # its code state is unknown: the mixed-commit check skips it
+        return "env.json is missing"
+    train = folder.read_config().train
+    iters, final = summary.get("iters"), summary.get("final_val_loss")
+    if train.max_seconds is None and iters != train.max_iters:
+        return f"summary.json says {iters} iterations, its config.json max_iters {train.max_iters}"
+    if final is not None and (isinstance(final, bool) or not isinstance(final, int | float)):
+        return f"summary.json's final_val_loss is {final!r}, not a number"
+    if final is not None and final == final:  # a NaN loss (a diverged run) is logged as nan
+        logged = val_losses(folder.metrics).get(iters)
+        if logged != final:
+            said = "none" if logged is None else f"{logged!r}"
+            return (
+                f"summary.json's final val loss {final!r} is not metrics.csv's at iteration "
+                f"{iters} ({said})"
+            )
+    return None
 
 
 def _summary_fields(summary: dict[str, Any]) -> dict[str, Any]:

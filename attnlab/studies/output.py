@@ -149,6 +149,25 @@ class StudyDir:
             return {}
         return held if isinstance(held, dict) else {}
 
+    def written(self) -> dict[str, Any]:
+        """study.json of the study this folder holds, for a command that reads a study as it
+        ran (``--report-only``, ``--publish``); refused in one line where there is none yet."""
+        if not (self.path / STUDY_JSON).is_file():
+            holder = self.in_use() if self.path.is_dir() else None
+            if holder is not None:
+                who = f" ({holder})" if holder else ""
+                raise AttnlabError(
+                    f"{self.path}: the study running there{who} has not written its "
+                    f"{STUDY_JSON} yet (it does after its first run); wait for that"
+                )
+            if (self.path / RESULTS_JSON).is_file():
+                raise AttnlabError(
+                    f"{self.path} holds {RESULTS_JSON} but no {STUDY_JSON}; restore it (a "
+                    "published copy carries it)"
+                )
+            raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
+        return self.previous()
+
     def read_results(self) -> dict[str, Any]:
         """results.json, to report a study again without its runs."""
         path = self.path / RESULTS_JSON
@@ -191,15 +210,14 @@ class StudyDir:
             raise AttnlabError(
                 f"--publish {given!r} must name a folder, not the current or parent one"
             )
-        if not (self.path / STUDY_JSON).is_file():
-            raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
+        record = self.written()
         here, there = self.path.resolve(), dest.resolve()
         if there == here or here in there.parents:
             raise AttnlabError(
                 f"--publish {dest} is inside the study folder {self.path}; name a folder outside it"
             )
         if check_out_path(dest, "--publish"):
-            _refuse_publishing_over(dest, self.previous().get("name"))
+            _refuse_publishing_over(dest, record.get("name"))
         kept = [
             p
             for p in (dest.iterdir() if dest.is_dir() else [])

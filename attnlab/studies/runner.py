@@ -178,7 +178,8 @@ def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -
     recorded text, else the shipped spec at its recorded commit). What ran the study (command,
     commit, time) is kept; what reported it now is recorded beside it as ``reported``."""
     folder = StudyDir(out)
-    record, results = folder.previous(), folder.read_results()
+    record = folder.written()
+    results = folder.read_results()
     if record.get("name") != spec.name:
         raise AttnlabError(
             f"{folder.path} holds study {record.get('name')!r}, not {spec.name!r}; "

@@ -51,10 +51,12 @@ def out_dir(args: Any, files: Sequence[str]) -> Path:
     that what is in the way is refused at once."""
     from attnlab.analysis.inputs import (  # torch
         check_analysis_out,
+        check_not_file,
         default_analysis_dir,
         is_analysis_folder,
     )
 
+    check_not_file(args.run)  # before its --out: "cannot write FILE/analysis" misled
     if args.out:
         out = Path(args.out)
         if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's

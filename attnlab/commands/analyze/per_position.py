@@ -55,9 +55,12 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.inputs import default_analysis_dir
+    from attnlab.analysis.inputs import check_not_file, default_analysis_dir
     from attnlab.analysis.per_position import check_listing, check_out, compare, write_tables
     from attnlab.device import resolve_device
+
+    for run in (args.run_a, args.run_b):
+        check_not_file(run)
 
     check_listing(args.top, args.context)  # before the runs are scored
     out = (

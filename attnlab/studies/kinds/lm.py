@@ -59,8 +59,9 @@ class LanguageModel:
 
     def refuse(self, study: Study) -> None:
         """A named data folder that is missing or unprepared (a table is prepared by the study),
-        and a wall-clock budget in the folder timed for another pair: each refused here, not in
-        every run once the study folder is made."""
+        a wall-clock budget in the folder timed for another pair, and a run folder there of
+        another setup or with records that disagree: each refused here, not in every run once
+        the study folder is made."""
         scale = study.spec.scale(study.preset)
         if study.data is None and isinstance(scale.data, str):
             try:
@@ -69,7 +70,11 @@ class LanguageModel:
                 raise AttnlabError(
                     f"{study.spec.source}: scale {study.preset}: data: {e}"
                 ) from None
-        kept_budgets(study)
+        budgets = kept_budgets(study)
+        variants = study.spec.variants
+        if study.out.has_runs():  # (resolving the jobs' data folders may prepare one)
+            names = [n for n in variants if not variants[n].clock_of or n in budgets]
+            _jobs(study, names, _budget_iters(budgets))
 
     def run(self, study: Study) -> Outcome:
         """Every run, then the wall-clock-matched ones; publish after each finished run.

@@ -17,10 +17,11 @@ import torch
 from attnlab.bench.timing import synchronizer, train_step
 from attnlab.data.prepare import load_dataset
 from attnlab.device import autocast_dtype, resolve_device
-from attnlab.rundir import finished_summary
+from attnlab.rundir import RunDir, finished_summary
 from attnlab.studies import output
 from attnlab.studies.jobs import Job, planned
 from attnlab.studies.kinds.base import Study
+from attnlab.train import checkpoint as ckpt
 
 PLAN_REPS = 3  # timed training steps per variant behind a plan's estimate (after one warm-up)
 # an evaluation batch is a forward pass: about a third of a training step's forward + backward
@@ -65,10 +66,12 @@ def plan_row(study: Study, job: Job, sec_per_step: float | None) -> dict[str, An
         state, done = "finished", iters
     elif job.run_dir in study.reuse:
         state, done = f"copied from {study.reuse[job.run_dir]}", iters
-    elif Path(job.run_dir).exists():
+    elif ckpt.checkpoint_dir(RunDir(job.run_dir).latest) is not None:
         curve = output.val_curve(job.run_dir)
         done = max(curve, default=0)
         state = f"resumes near iteration {done}"
+    elif Path(job.run_dir).exists():  # records without a checkpoint (a published copy's)
+        state = "trains again (records, no checkpoint)"
     else:
         state = "trains"
     row: dict[str, Any] = {"variant": job.variant, "seed": job.seed, "iters": iters, "state": state}

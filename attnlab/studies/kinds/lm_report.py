@@ -515,12 +515,15 @@ def _clip_intervals(ax: Any, rows: list[tuple[int, dict[str, Any]]], core: list[
     """Set the x range to show ``core`` and every t interval not far wider than it; one that
     runs far past (a t(1) interval of two seeds is 12.7 standard errors wide) is cut at the
     edge with an arrowhead, so that it does not squash every other row to a point."""
-    low, high = min(core), max(core)
+    shown = [x for x in core if math.isfinite(x)]  # a diverged seed's NaN has no place; 0 stays
+    low, high = min(shown), max(shown)
     span = high - low or abs(high) or 1e-3
     reach = (low - 1.5 * span, high + 1.5 * span)
     ends = [e for _, c in rows for e in c["ci95"] if reach[0] <= e <= reach[1]]  # NaN: none
     left, right = min([low, *ends]), max([high, *ends])
-    pad = 0.06 * (right - left)
+    # nothing but 0 to show (every difference NaN, or exactly 0): identical limits would make
+    # matplotlib warn and widen them its own way, so the range is the span around the point
+    pad = 0.06 * (right - left) if right > left else span
     left, right = left - pad, right + pad
     ax.set_xlim(left, right)
     for y, c in rows:
