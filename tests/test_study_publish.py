@@ -129,6 +129,7 @@ def test_a_published_copy_resumes_the_study_without_training_again(
         "dot",
         "source-inside-copy",
         "symlinked-dest",
+        "note-in-runs",
     ],
 )
 def test_bad_publish_is_refused_in_one_line(
@@ -162,6 +163,9 @@ def test_bad_publish_is_refused_in_one_line(
         assert run_cli("study", name, "--out", out, "--publish", str(dest)).returncode == 0
         shutil.copytree(folder, dest / "raw")
         out = str(dest / "raw")
+    elif case == "note-in-runs":  # replacing runs/ whole deleted it
+        assert run_cli("study", name, "--out", out, "--publish", str(dest)).returncode == 0
+        (dest / "runs" / "base" / "seed0" / "notes.txt").write_text("mine")
     elif case == "symlinked-dest":  # the refused copy left its lock in the link's target
         (tmp_path / "real").mkdir()
         dest.symlink_to(tmp_path / "real")
@@ -191,6 +195,8 @@ def test_bad_publish_is_refused_in_one_line(
             "choose another --publish",
             "symlinked-dest": f"{dest} is a symlink to {tmp_path / 'real'}; give that folder as "
             "--publish instead",
+            "note-in-runs": f"--publish {dest}: {dest / 'runs/base/seed0/notes.txt'} is not a "
+            f"run's record, and the copy replaces {dest / 'runs'} whole; move it out of there first",
         }[case]
     )
     assert snapshot(tmp_path) == before and snapshot(folder) == before_study

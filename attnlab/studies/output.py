@@ -36,6 +36,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_out_path, check_writable, replace_folder, write_json
 from attnlab.rundir import (
     LOCK_FILE,
+    RECORDS,
     RunDir,
     RunLock,
     copy_records,
@@ -279,6 +280,20 @@ def _refuse_publishing_over(dest: Path, name: str | None) -> None:
         raise AttnlabError(
             f"--publish {dest} is a study folder with its runs, not a published copy; "
             "choose another folder"
+        )
+    foreign = next(
+        (
+            p
+            for p in sorted((dest / RUNS).rglob("*"))
+            if not p.is_dir() and (p.parent.parent.parent != dest / RUNS or p.name not in RECORDS)
+        ),
+        None,
+    )
+    if foreign is not None:
+        # the copy replaces runs/ whole: a note kept beside a run's records would be lost
+        raise AttnlabError(
+            f"--publish {dest}: {foreign} is not a run's record, and the copy replaces "
+            f"{dest / RUNS} whole; move it out of there first"
         )
     held = other.previous().get("name")
     if held is not None and held != name:
