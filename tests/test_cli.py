@@ -55,6 +55,20 @@ def test_train_sample_eval_round_trip(tmp_path: Path, tiny_data: Path) -> None:
     assert json.loads(resumed.stdout[resumed.stdout.index("{") :])["iters"] == 15
 
 
+def test_eval_of_an_export_scores_as_its_run(train_tiny, tmp_path: Path, tiny_data: Path) -> None:
+    """An export adds zero rows for tokens the run never had (<|endoftext|>, <unk>): counted in
+    the softmax, they made `eval` of the export report a higher loss than of its run."""
+    run = tmp_path / "run"
+    train_tiny(run, max_iters=4)
+    assert run_cli("export", str(run), "--out", str(tmp_path / "hf")).returncode == 0
+    losses = []
+    for model in (run, tmp_path / "hf"):
+        p = run_cli("eval", str(model), "--data", str(tiny_data), "--device", "cpu")
+        assert p.returncode == 0, p.stderr
+        losses.append(json.loads(p.stdout)["loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
 class Terminal(io.StringIO):
     """A stderr that says it is a terminal, as a user's is."""
 

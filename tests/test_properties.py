@@ -20,13 +20,14 @@ from attnlab.model.generation import filter_logits
 from attnlab.model.mechanisms import choices
 
 FAST = settings(max_examples=40, deadline=None)
-ALL_CHOICES = {**CHOICES, **choices()}
-TEXT_CHOICES = sorted(
-    n for n, allowed in ALL_CHOICES.items() if all(isinstance(a, str) for a in allowed)
-)
-
-
 DEFAULTS = ModelConfig().to_dict()
+ALL_CHOICES = {**CHOICES, **choices()}
+# the model's fields with string choices (CHOICES holds the training config's too: dtype, ...)
+TEXT_CHOICES = sorted(
+    n
+    for n, allowed in ALL_CHOICES.items()
+    if n in DEFAULTS and all(isinstance(a, str) for a in allowed)
+)
 
 
 @st.composite

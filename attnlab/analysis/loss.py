@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -13,12 +14,19 @@ from attnlab.data.bins import sequential_windows
 
 @torch.no_grad()
 def split_loss(
-    model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 16, progress: bool = False
+    model: torch.nn.Module,
+    tokens: np.ndarray,
+    batch_size: int = 16,
+    progress: bool = False,
+    excluded: Sequence[int] = (),
 ) -> dict[str, float]:
     """Mean cross-entropy and perplexity of ``model`` on ``tokens`` in block_size windows.
 
-    ``progress``: a bar of tokens scored on stderr, as training's, where stderr is a terminal
-    and the evaluation outlasts PROGRESS_DELAY_S; it is cleared when done.
+    ``excluded``: ids left out of the softmax, the rows an export added for tokens the model
+    never trained (their zero logits would take probability from the trained ones, so an
+    export would score worse than its run). ``progress``: a bar of tokens scored on stderr, as
+    training's, where stderr is a terminal and the evaluation outlasts PROGRESS_DELAY_S; it is
+    cleared when done.
     """
     device = next(model.parameters()).device
     was_training = model.training
@@ -29,6 +37,8 @@ def split_loss(
     with bar:
         for x, y in windows:
             logits, _ = model(x, y)
+            if excluded:
+                logits[..., list(excluded)] = float("-inf")
             losses = torch.nn.functional.cross_entropy(
                 logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-1, reduction="sum"
             )

@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.analysis.loss import split_loss
     from attnlab.data.prepare import load_dataset
     from attnlab.device import resolve_device
+    from attnlab.export.hf import added_token_ids
+    from attnlab.train.checkpoint import model_folder
 
     model, tokenizer = from_pretrained(args.model, device=resolve_device(args.device))
     data_dir = args.data or run_data_dir(args.model)
@@ -40,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
             f"{data_dir} no longer holds the data {args.model} was trained on ({change}); "
             "restore that data, or pass --data"
         )
-    result = split_loss(model, getattr(data, args.split), args.batch_size, progress=True)
+    # an export's added tokens (never trained, never in the data) are not scored against
+    added = added_token_ids(model_folder(args.model))
+    result = split_loss(
+        model, getattr(data, args.split), args.batch_size, progress=True, excluded=added
+    )
     print(json.dumps({"split": args.split, **result}, indent=2))
     return 0
