@@ -266,11 +266,17 @@ def test_sample_prompt_file(tiny_run, tmp_path, capsys) -> None:
     from_file = capsys.readouterr().out
     assert main([*common, "--prompt", "ROMEO:\nWhat light"]) == 0
     assert capsys.readouterr().out == from_file and from_file.startswith("ROMEO:\nWhat light")
+    # as Windows Notepad saves it: the byte-order mark was refused as a character
+    prompt.write_text("\ufeffROMEO:\nWhat light", encoding="utf-8")
+    assert main([*common, "--prompt-file", str(prompt)]) == 0
+    assert capsys.readouterr().out == from_file
     missing = tmp_path / "missing.txt"
     assert main([*common, "--prompt-file", str(missing)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"attnlab sample: error: --prompt-file {missing}: ")
-    assert len(err.splitlines()) == 1 and not missing.exists()
+    assert err == (  # was Python's "[Errno 2] No such file or directory: 'missing.txt'"
+        f"attnlab sample: error: --prompt-file {missing}: No such file or directory\n"
+    )
+    assert not missing.exists()
 
 
 def test_chat_help_lists_commands_and_reaches_no_model(tmp_path, monkeypatch, capsys) -> None:

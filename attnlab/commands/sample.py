@@ -75,9 +75,11 @@ def read_prompt(args: argparse.Namespace) -> str | None:
     """--prompt, or the text of --prompt-file (None: neither given)."""
     if args.prompt_file is None:
         return args.prompt
-    try:
-        return Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    try:  # utf-8-sig: the byte-order mark Windows editors write is not part of the prompt
+        return Path(args.prompt_file).expanduser().read_text(encoding="utf-8-sig")
+    except OSError as e:
+        raise AttnlabError(f"--prompt-file {args.prompt_file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
         raise AttnlabError(f"--prompt-file {args.prompt_file}: {e}") from None
 
 
