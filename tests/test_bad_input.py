@@ -588,7 +588,11 @@ SAMPLING = [
 @pytest.mark.parametrize(
     ("command", "args", "expected"),
     [("sample", *case) for case in SAMPLING]
-    + [("chat", *case) for case in SAMPLING if case[0][0] != "--num-samples"],
+    + [
+        ("chat", *case)
+        for case in SAMPLING
+        if case[0][0] not in ("--num-samples", "--max-new-tokens")
+    ],
 )
 def test_invalid_sampling_values_are_refused(attnlab, model_dir: Path, command, args, expected):  # noqa: F811
     assert error_line(attnlab(command, str(model_dir), *args), command) == expected
@@ -1511,7 +1515,9 @@ def test_a_usage_error_is_one_line(args: list[str], expected: str):
     assert p.stderr == f"{expected} (see attnlab {command_name(args)} --help)\n"
 
 
-def test_chat_refuses_max_new_tokens_zero(attnlab, tmp_path: Path):
-    """`chat --max-new-tokens 0` replied with one token anyway (sample generates none)."""
-    p = attnlab("chat", str(tmp_path / "none"), "--max-new-tokens", "0")
-    assert error_line(p, "chat") == "--max-new-tokens must be >= 1 for a reply, got 0"
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_chat_refuses_max_new_tokens_below_one(attnlab, tmp_path: Path, n: str):
+    """`chat --max-new-tokens 0` replied with one token anyway (sample generates none); -1 got
+    sampling's ">= 0" rule instead of chat's own."""
+    p = attnlab("chat", str(tmp_path / "none"), "--max-new-tokens", n)
+    assert error_line(p, "chat") == f"--max-new-tokens must be >= 1 for a reply, got {n}"

@@ -315,3 +315,44 @@ def test_a_figure_attnlab_wrote_may_be_replaced(tmp_path: Path) -> None:
     png = tmp_path / "fig.png"
     save_figure(pyplot().figure(), png)
     check_figure_out(png)  # its mark says it is attnlab's: no error
+
+
+@pytest.mark.parametrize("case", ["file", "foreign-page", "own-report"])
+def test_bench_gpu_out_is_checked_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A file as --out gave a traceback after the whole run; a user's gpu_check.md was
+    replaced. The report bench gpu wrote itself is replaced without a word."""
+    from test_folder_safety import snapshot
+
+    from attnlab.bench import gpu
+
+    out = tmp_path / "gpu"
+    if case == "file":
+        out.write_text("my notes")
+    else:
+        out.mkdir()
+        (out / "multi_gpu.txt").write_text("what gpu_check.sh writes beside the report")
+        (out / gpu.REPORT_MD).write_text("# my own GPU notes\n")
+    ran = []
+    report = {"passed": True}
+    monkeypatch.setattr(gpu, "run", lambda *a, **k: ran.append(1) or report)
+    monkeypatch.setattr(gpu, "markdown", lambda r: f"# page of {sorted(r)}\n")
+    if case == "own-report":
+        gpu.write(report, out)
+    before = snapshot(tmp_path)
+    status = main(["bench", "gpu", "--smoke", "--device", "cpu", "--out", str(out)])
+    printed, err = capsys.readouterr()
+    if case == "own-report":
+        assert status == 0 and ran == [1] and (out / "multi_gpu.txt").is_file()
+        return
+    assert status == 2 and ran == [] and printed == ""
+    assert err.strip().splitlines() == [
+        "attnlab bench gpu: error: "
+        + {
+            "file": f"{out} exists and is not a folder; choose another --out",
+            "foreign-page": f"{out} holds a gpu_check.json or gpu_check.md that bench gpu did "
+            "not write; move it, or choose another --out",
+        }[case]
+    ]
+    assert snapshot(tmp_path) == before

@@ -868,3 +868,24 @@ def test_export_never_replaces_what_it_did_not_write(tmp_path: Path, capsys, cas
         )
     assert failed_line(capsys, status, "export") == expected
     assert snapshot(tmp_path) == before
+
+
+def test_a_refused_export_prints_nothing_before_its_error(tmp_path: Path, capsys) -> None:
+    """The tokenizer's "added <|endoftext|> (id 54) ..." line came before the refusal of --out,
+    as if the export had begun."""
+    from test_folder_safety import snapshot
+
+    from attnlab.data.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_chars(sorted(string.ascii_letters + " \n."))
+    save_checkpoint(tmp_path / "ckpt", GPT(tiny_model(vocab_size=tok.vocab_size)), tok)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("my notes")
+    before = snapshot(tmp_path)
+    args = ["export", str(tmp_path / "ckpt"), "--formats", "safetensors", "--out"]
+    assert cli_main([*args, str(tmp_path / "mine")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert snapshot(tmp_path) == before
+    assert cli_main([*args, str(tmp_path / "out")]) == 0  # an export it makes says so
+    assert re.search(r"^export: tokenizer +added <\|endoftext\|>", capsys.readouterr().out, re.M)

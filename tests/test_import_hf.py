@@ -360,3 +360,20 @@ def test_a_gpt2_export_of_a_bias_free_model_reads_back_bias_free(tmp_path: Path,
     assert model.config.bias is True
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], hf(idx).logits[:, -1:], rtol=1e-5, atol=1e-5)
+
+
+def test_import_hf_of_an_attnlab_model_folder_says_it_needs_none(tmp_path: Path, capsys) -> None:
+    """It said "model_type None; import-hf reads gpt2 and llama folders"."""
+    from conftest import tiny_model
+
+    from attnlab.model import GPT
+    from attnlab.train.checkpoint import save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "model", GPT(tiny_model()), None)
+    before = snapshot(tmp_path)
+    assert cli_main(["import-hf", str(folder), "--out", str(tmp_path / "mine")]) == 2
+    assert capsys.readouterr().err == (
+        f"attnlab import-hf: error: {folder} is an attnlab model folder already: every command "
+        "reads it as it is (import-hf converts Hugging Face gpt2 and llama folders)\n"
+    )
+    assert snapshot(tmp_path) == before

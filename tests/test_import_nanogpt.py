@@ -288,3 +288,41 @@ def test_import_nanogpt_odd_inputs_get_one_line(tmp_path: Path, case: str) -> No
         import_nanogpt(ckpt, tmp_path / "out", meta=None if case == "empty-ckpt" else meta)
     assert str(err.value) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_ckpt_with_nan_weights_is_refused(tmp_path: Path) -> None:
+    """It imported, and then no command could load the folder it wrote."""
+    nanogpt_checkpoint(tmp_path / "ckpt.pt")
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    saved["model"]["_orig_mod.transformer.h.1.mlp.c_fc.weight"][0, 0] = float("nan")
+    torch.save(saved, tmp_path / "nan.pt")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(AttnlabError) as err:
+        import_nanogpt(tmp_path / "nan.pt", tmp_path / "out")
+    assert str(err.value) == (
+        f"{tmp_path / 'nan.pt'}: tensor _orig_mod.transformer.h.1.mlp.c_fc.weight holds NaN or "
+        "infinite values"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_eval_of_a_folder_without_a_tokenizer_says_what_it_cannot_check(
+    tmp_path: Path, capsys
+) -> None:
+    """Without meta.pkl the folder has no tokenizer: eval checked only that the data's ids fit,
+    and scored another vocabulary's ids without a word."""
+    from attnlab.data.prepare import prepare
+
+    nanogpt_checkpoint(tmp_path / "ckpt.pt")
+    import_nanogpt(tmp_path / "ckpt.pt", tmp_path / "model")
+    (tmp_path / "corpus.txt").write_text("".join(CHARS) * 200)
+    data = prepare(sources=[str(tmp_path / "corpus.txt")], out=tmp_path / "data")
+    capsys.readouterr()
+    argv = ["eval", str(tmp_path / "model"), "--data", str(data), "--device", "cpu"]
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"note: {tmp_path / 'model'} has no tokenizer, so nothing checks that {data}'s token ids "
+        "are the ones it was trained on"
+    ]
+    assert out.startswith("{")

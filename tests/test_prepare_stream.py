@@ -436,3 +436,23 @@ def test_bench_prepare_refuses_bad_arguments_first(tmp_path, capfd, args, messag
     assert main(["bench", "prepare", *args, "--scratch", str(tmp_path)]) == 2
     assert capfd.readouterr() == ("", f"attnlab bench prepare: error: {message}\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["missing", "file"])
+def test_bench_prepare_refuses_a_scratch_that_is_no_folder(tmp_path, capfd, case) -> None:
+    """Both had been a traceback from tempfile."""
+    from test_folder_safety import snapshot
+
+    from attnlab.cli import main
+
+    scratch = tmp_path / "scratch"
+    if case == "file":
+        scratch.write_text("my notes")
+    before = snapshot(tmp_path)
+    assert main(["bench", "prepare", "--quick", "--scratch", str(scratch)]) == 2
+    what = {"missing": "does not exist", "file": "is not a folder"}[case]
+    assert capfd.readouterr() == (
+        "",
+        f"attnlab bench prepare: error: --scratch {scratch} {what}; give an existing folder\n",
+    )
+    assert snapshot(tmp_path) == before

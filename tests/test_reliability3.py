@@ -898,8 +898,7 @@ def test_sft_says_what_it_does_with_records_longer_than_the_context(
     p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / "sft"), *QUICK)
     assert p.returncode == 0, p.stderr
     assert p.stderr.splitlines() == [
-        "attnlab sft: dropped records: {'unencodable': 0, 'no trained token': 0, "
-        "'prompt cut away': 1}",
+        "attnlab sft: dropped 1 record (1 whose prompt the context cut away)",
         "attnlab sft: 1 record(s) longer than the context (block_size=32) are trained on their "
         "last 33 tokens",
     ]

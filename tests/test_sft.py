@@ -29,6 +29,7 @@ from attnlab.data.chat import (
     targets,
 )
 from attnlab.data.corpus import SPLITS
+from attnlab.data.prepare import load_dataset
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.model import GPT
@@ -185,10 +186,7 @@ def test_sft_tiny_run_is_a_normal_resumable_run(
         f.write(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n")
     over = ["max_iters=10", "eval_interval=5", "eval_iters=2", "batch_size=4", "warmup_iters=2"]
     trainer = sft.start(tmp_path / "pre", tmp_path / "sft", data, overrides=over, quiet=True)
-    dropped = (
-        "attnlab sft: dropped records: {'unencodable': 1, 'no trained token': 0, "
-        "'prompt cut away': 0}\n"
-    )
+    dropped = "attnlab sft: dropped 1 record (1 unencodable)\n"  # was a Python dict
     assert capsys.readouterr().err == dropped
     vocab = pre.model_config.vocab_size
     assert trainer.model_config.vocab_size == vocab + 2
@@ -468,3 +466,50 @@ def test_sft_starts_from_a_native_gpt2_export(train_tiny, tmp_path: Path) -> Non
     for name, weight in pre.model.state_dict().items():
         got = trainer.model.state_dict()[name]
         assert torch.equal(got[:vocab] if "wte" in name or "lm_head" in name else got, weight)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_sft_chat_refuses_a_context_too_short_for_chatml(
+    attnlab,  # noqa: F811
+    tiny_data: Path,
+    tmp_path: Path,
+    pos: str,
+):
+    """It trained a model that `attnlab chat` then refused: ChatML's markers fill the context."""
+    from attnlab.data.chat import framing_tokens
+
+    tok = load_dataset(tiny_data).tokenizer
+    model = GPT(tiny_model(vocab_size=tok.vocab_size, block_size=8, pos=pos))
+    folder = ckpt.save_checkpoint(tmp_path / "model", model, tok)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    need = framing_tokens(tok, []) + 2
+    before = snapshot(tmp_path)
+    p = attnlab("sft", str(folder), "--chat", "--out", str(tmp_path / "sft"), *QUICK)
+    fix = (
+        f"pass block_size={need} or more"
+        if pos == "rope"
+        else f"start from a model with a context of {need} tokens or more"
+    )
+    assert error_line(p, "sft") == (
+        f"sft --chat: a context of 8 tokens cannot hold a ChatML turn (the markers, a message "
+        f"and a reply need {need}); {fix}"
+    )
+    assert snapshot(tmp_path) == before
+    if pos == "rope":  # the fix it names works
+        p = attnlab("sft", str(folder), "--chat", "--out", str(tmp_path / "sft"), *QUICK,
+                    f"block_size={need}")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+
+
+def test_sft_of_records_it_cannot_use_says_why_in_words(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n" for _ in range(3))
+    )
+    before = snapshot(tmp_path)
+    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / "sft"), *QUICK)
+    assert error_line(p, "sft") == (
+        f"{data}: 0 usable record(s) (need 2: train and validation); dropped 3 records "
+        "(3 unencodable)"
+    )
+    assert snapshot(tmp_path) == before

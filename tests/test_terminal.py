@@ -485,3 +485,28 @@ def test_resuming_a_run_that_used_its_time_trains_nothing(tiny_data, tmp_path, c
         f"{summary['train_seconds']:.1f} s trained): nothing to train (to train further, pass a "
         "larger max_seconds= or max_seconds=null)"
     ) in captured.out + captured.err
+
+
+def test_sample_of_a_prompt_longer_than_the_context_echoes_what_the_model_continues(
+    tiny_run, tmp_path, capsys
+) -> None:
+    """A 21 MB prompt file was echoed whole (and grew by one copy per token): the model sees its
+    last block_size tokens, the same continuation as a prompt of those alone."""
+    from attnlab.cli import main
+    from attnlab.train.checkpoint import load_pretrained
+
+    model, tok = load_pretrained(tiny_run)
+    block = model.config.block_size
+    text = "ROMEO:\nWhat light through yonder window breaks? " * (3 * block // 40 + 1)
+    ids = tok.encode(text)
+    tail = tok.decode(ids[-block:])
+    (tmp_path / "long.txt").write_text(text, encoding="utf-8")
+    common = ["sample", str(tiny_run), "--max-new-tokens", "5", "--temperature", "0"]
+    assert main([*common, "--prompt-file", str(tmp_path / "long.txt")]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"note: the prompt is {len(ids):,} tokens, more than the model's context of {block:,}; "
+        f"it continues the last {block:,}, shown below"
+    ]
+    assert main([*common, "--prompt", tail]) == 0
+    assert capsys.readouterr() == (out, "") and out.startswith(tail)

@@ -17,6 +17,7 @@ Multi-GPU training and the study are the shell script's (scripts/gpu_check.sh).
 
 from __future__ import annotations
 
+import json
 import platform
 import time
 from collections.abc import Callable
@@ -30,7 +31,8 @@ from attnlab.bench.timing import interleaved, matmul_peak_flops, synchronizer, t
 from attnlab.bench.train import reference_step
 from attnlab.config import ModelConfig
 from attnlab.device import autocast_dtype
-from attnlab.fsutil import write_json
+from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_name_lengths, check_out_path, check_writable, write_json
 from attnlab.model import GPT, mechanisms
 
 REPORT_JSON, REPORT_MD = "gpu_check.json", "gpu_check.md"
@@ -223,6 +225,30 @@ def markdown(report: dict[str, Any]) -> str:
         f"Verdict: {'every check passed' if report['passed'] else 'SOME CHECKS FAILED'}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _is_report(out: Path) -> bool:
+    """Whether ``out``'s two report files are the pair this command wrote (the page is the
+    JSON's rendering): only those may be replaced."""
+    try:
+        report = json.loads((out / REPORT_JSON).read_text(encoding="utf-8"))
+        page = out / REPORT_MD
+        return not page.exists() or page.read_text(encoding="utf-8") == markdown(report)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before the run, an ``out`` the report cannot go to: not a folder, not writable,
+    or holding a gpu_check.json/.md this command did not write (a user's notes of that name)."""
+    check_name_lengths(out)
+    written = check_out_path(out) and any((out / n).exists() for n in (REPORT_JSON, REPORT_MD))
+    if written and not _is_report(out):
+        raise AttnlabError(
+            f"{out} holds a {REPORT_JSON} or {REPORT_MD} that bench gpu did not write; move "
+            "it, or choose another --out"
+        )
+    check_writable(out)
 
 
 def write(report: dict[str, Any], out: Path) -> None:

@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.device import resolve_device
     from attnlab.train.sft import tuned_on_chatml
 
-    check_sampling_args(args)
-    if args.max_new_tokens < 1:  # was raised to 1 silently
+    if args.max_new_tokens < 1:  # was raised to 1 silently; before sampling's own ">= 0" rule
         raise AttnlabError(f"--max-new-tokens must be >= 1 for a reply, got {args.max_new_tokens}")
+    check_sampling_args(args)
     device = resolve_device(args.device)
     model, tok = from_pretrained(args.model, device=device)
     if args.compile:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
@@ -36,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
         raise AttnlabError(f"{args.model} is not a run folder, so its data is unknown: pass --data")
     data = load_dataset(data_dir)
     data.check_model(args.model, model.config.vocab_size, tokenizer)
+    if tokenizer is None:  # the ids fit; whether they mean the same tokens nothing here can say
+        print(
+            f"note: {args.model} has no tokenizer, so nothing checks that {data_dir}'s token ids "
+            "are the ones it was trained on",
+            file=sys.stderr,
+        )
     change = None if args.data else data.changed_since(run_data_splits(args.model))
     if change:  # prepared again since: it scored other text as the run's own
         raise AttnlabError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -155,6 +156,14 @@ def run(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise AttnlabError(f"{args.model} has no tokenizer.json; cannot encode a prompt")
     ids = prompt_ids(args, tokenizer)
+    context = model.config.block_size
+    if len(ids) > context:  # the model sees only the last block anyway: echo what it continues
+        print(
+            f"note: the prompt is {len(ids):,} tokens, more than the model's context of "
+            f"{context:,}; it continues the last {context:,}, shown below",
+            file=sys.stderr,
+        )
+        ids = ids[-context:]
     if args.compile:
         model = compile_announced(model)
     gen = torch.Generator(device=device).manual_seed(args.seed)

@@ -201,12 +201,12 @@ def export_model(
     shipped = None if tokenizer is None else shipped_tokenizer(tokenizer, model.config.vocab_size)
     if shipped is not None and shipped.added:
         model = with_rows(model, shipped.rows)
-        if log is not None:
-            tokens = ", ".join(f"{t} (id {i})" for t, i in shipped.added.items())
-            log(f"{'tokenizer':12s} added {tokens}: zero embedding rows, vocab_size {shipped.rows}")
     with replace_folder(
         out, what, overwrite, is_export, sources=sources, describe=ckpt.weights_record
-    ) as tmp:
+    ) as tmp:  # out is checked first: nothing is said of an export that is refused
+        if log is not None and shipped is not None and shipped.added:
+            tokens = ", ".join(f"{t} (id {i})" for t, i in shipped.added.items())
+            log(f"{'tokenizer':12s} added {tokens}: zero embedding rows, vocab_size {shipped.rows}")
         metadata = write_metadata(tmp, model.config, shipped)
         sd = hf_state_dict(model, metadata.kind)
         writers: dict[str, Callable[[], None]] = {

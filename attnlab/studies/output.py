@@ -281,11 +281,13 @@ def _refuse_publishing_over(dest: Path, name: str | None) -> None:
             f"--publish {dest} is a study folder with its runs, not a published copy; "
             "choose another folder"
         )
+    # what a published copy holds under runs/: VARIANT/SEED/RECORD files, nothing else
     foreign = next(
         (
             p
             for p in sorted((dest / RUNS).rglob("*"))
-            if not p.is_dir() and (p.parent.parent.parent != dest / RUNS or p.name not in RECORDS)
+            if not p.is_dir()
+            and (len(p.relative_to(dest / RUNS).parts) != 3 or p.name not in RECORDS)
         ),
         None,
     )

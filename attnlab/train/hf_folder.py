@@ -98,6 +98,11 @@ def read_hf_folder(
     if not isinstance(data, dict):  # a list or a number said "model_type None"
         raise AttnlabError(f"{path} is not a JSON object; expected a Hugging Face config.json")
     kind = data.get("model_type")
+    if kind is None and ckpt.checkpoint_dir(folder) == folder:  # said "model_type None"
+        raise AttnlabError(
+            f"{folder} is an attnlab model folder already: every command reads it as it is "
+            "(import-hf converts Hugging Face gpt2 and llama folders)"
+        )
     if kind not in (*hf_map.KINDS, "attnlab"):
         raise AttnlabError(
             f"{path}: model_type {kind!r}; import-hf reads gpt2 and llama folders "

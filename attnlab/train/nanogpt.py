@@ -24,6 +24,7 @@ from attnlab.fsutil import refuse_foreign, replace_folder
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.train.checkpoint import (
+    check_tensors,
     load_weights_strict,
     refuse_run_checkpoint,
     safe_torch_load,
@@ -113,6 +114,7 @@ def import_nanogpt(
         raise AttnlabError(
             f"{ckpt_path}: 'model' must map parameter names to tensors; not: {', '.join(odd[:5])}"
         )
+    check_tensors(saved["model"], Path(ckpt_path))  # a NaN weight: a folder nothing loads
     sd, tied = nanogpt_weights(saved["model"])
     try:
         config = ModelConfig.from_dict({**saved["model_args"], "tie_embeddings": tied})

@@ -26,6 +26,7 @@ from attnlab.data.chat import (
     SHIPPED,
     SPECIAL_TOKENS,
     encode_record,
+    framing_tokens,
     load_jsonl,
     response_texts,
     targets,
@@ -179,7 +180,7 @@ def _write_data(
     if len(kept) < 2:
         raise AttnlabError(
             f"{source}: {len(kept)} usable record(s) (need 2: train and validation); "
-            f"dropped {dropped}"
+            f"dropped {dropped_text(dropped)}"
         )
     splits = {"val": kept[VAL_EVERY - 1 :: VAL_EVERY] or kept[-1:]}
     held = {id(r) for r in splits["val"]}
@@ -258,6 +259,31 @@ def sft_batches(trainer: Trainer) -> tuple[ExampleSampler, list[tuple[torch.Tens
     return sampler, val_batches
 
 
+def dropped_text(dropped: dict[str, int]) -> str:
+    """``3 records (2 unencodable, 1 with no trained token)``: the reasons that dropped any."""
+    reasons = {"unencodable": "unencodable", "no trained token": "with no trained token",
+               "prompt cut away": "whose prompt the context cut away"}  # fmt: skip
+    parts = [f"{n} {reasons[why]}" for why, n in dropped.items() if n]
+    total = sum(dropped.values())
+    return f"{total} record{'s' if total != 1 else ''} ({', '.join(parts) or 'none'})"
+
+
+def check_chat_context(tokenizer: Tokenizer, config: ModelConfig, resizable: bool) -> None:
+    """Refuse a chat SFT whose context cannot hold one ChatML turn (the markers, one token of
+    the message, one of the reply): `attnlab chat` would refuse the model it trains."""
+    need = framing_tokens(tokenizer, []) + 2
+    if config.block_size < need:
+        fix = (
+            f"pass block_size={need} or more"
+            if resizable  # rotary positions: the context may grow (check_model_overrides)
+            else f"start from a model with a context of {need} tokens or more"
+        )
+        raise AttnlabError(
+            f"sft --chat: a context of {config.block_size} tokens cannot hold a ChatML turn "
+            f"(the markers, a message and a reply need {need}); {fix}"
+        )
+
+
 def start(
     source: str | Path,
     out: str | Path,
@@ -284,6 +310,8 @@ def start(
     model_config = base.replace(
         **{**model_over, "vocab_size": max(base.vocab_size, tokenizer.vocab_size)}
     )
+    if chat:
+        check_chat_context(tokenizer, model_config, base.pos == "rope")
     recipe = ckpt.read_train_config(folder)
     train_config = TrainConfig.from_dict(with_scaled_schedule({**recipe, **DEFAULTS}, train_over))
     resolve_device(train_config.device)  # refused before anything is written
@@ -311,7 +339,7 @@ def start(
         )
     # once it started: a refused start prints its one line alone
     if any(dropped.values()):
-        print(f"attnlab sft: dropped records: {dropped}", file=sys.stderr)
+        print(f"attnlab sft: dropped {dropped_text(dropped)}", file=sys.stderr)
     if cut:
         block = model_config.block_size
         print(

@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
             f"bench gpu: no CUDA GPU here (device {device}); pass --smoke to check the script "
             "on this device"
         )
-    report = gpu.run(device, args.smoke, compile=not args.no_compile)
     out = Path(args.out)
+    gpu.check_out(out)  # before the run: a refusal after it would waste the run
+    report = gpu.run(device, args.smoke, compile=not args.no_compile)
     gpu.write(report, out)
     print(gpu.markdown(report), end="")
     print(f"report: {out / gpu.REPORT_JSON}, {out / gpu.REPORT_MD}")

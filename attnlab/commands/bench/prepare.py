@@ -10,6 +10,7 @@ from pathlib import Path
 
 from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_writable
 from attnlab.plotting import SMOKE
 
 TOKENIZERS = ("char", "bpe", "bytebpe")  # attnlab.data.prepare.TOKENIZERS (kept lazy)
@@ -76,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
     for kind in kinds:  # before a corpus is generated
         if kind != "char":
             check_bpe_vocab(kind, args.vocab_size)
+    if args.scratch is not None:  # tempfile's own error is a traceback
+        scratch = Path(args.scratch).expanduser()
+        if not scratch.is_dir():
+            what = "is not a folder" if scratch.exists() else "does not exist"
+            raise AttnlabError(f"--scratch {args.scratch} {what}; give an existing folder")
+        check_writable(scratch, "--scratch")
     if args.quick:
         print(SMOKE)
     rows = []
