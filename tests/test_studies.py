@@ -162,6 +162,15 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
     assert f"Its schedule as its runs train it: {budget} iterations, warmup 2, cosine" in report
     assert f"at iteration {budget} (vanilla-128: 20 iterations" in report
     assert all(f"- **{c['variant']} vs {c['baseline']}: " in report for c in results["comparisons"])
+    # each variant's shape as it trained at this scale (the descriptions name the seed's widths)
+    table = report.split("## Variants", 1)[1].split("\n## ", 1)[0]
+    shapes = {
+        cells[0].removeprefix("| "): cells[2]
+        for cells in (line.split(" | ") for line in table.splitlines())
+        if cells[0].startswith(("| vanilla", "| kv-bias"))
+    }
+    assert shapes["vanilla-128"] == "2 × 128" and shapes["kv-bias-112"] == "2 × 112"
+    assert shapes["vanilla-7l"] == "3 × 128"
     lines = (out / "results.csv").read_text().splitlines()
     assert len(lines) == 1 + len(runs)
 

@@ -43,7 +43,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         "for every run), over the seeds that finished; std is the sample std (n − 1) and the "
         "95 % CI Student's t.",
         "",
-        *_variant_table(record["variants"], results["runs"]),
+        *_variant_table(record["variants"], results["runs"], record.get("configs") or {}),
         *_convergence_lines(results["runs"]),
         *_unigram_lines(results["runs"], record),
         *_reused_lines(record),
@@ -108,7 +108,18 @@ def _percent(change: float | None) -> str:
     return "–" if change is None else f"{100 * change:+.2f} %"
 
 
-def _variant_table(stats: dict[str, dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+def _shape(config: dict[str, Any] | None) -> str:
+    """``4 × 128``: layers × width of a variant's resolved model, as it trained (a spec's
+    description names the widths of the scale it was written for)."""
+    model = (config or {}).get("model") or {}
+    if not all(isinstance(model.get(k), int) for k in ("n_layer", "n_embd")):
+        return "–"  # a study recorded before its configs were
+    return f"{model['n_layer']} × {model['n_embd']}"
+
+
+def _variant_table(
+    stats: dict[str, dict[str, Any]], runs: list[dict[str, Any]], configs: dict[str, Any]
+) -> list[str]:
     rows = []
     for name, s in stats.items():
         mean = s["mean"]
@@ -117,6 +128,7 @@ def _variant_table(stats: dict[str, dict[str, Any]], runs: list[dict[str, Any]])
             [
                 name,
                 s["description"],
+                _shape(configs.get(name)),
                 f"{s['params']:,}" if s["params"] else "–",
                 f"{s['n']}" + (f" ({s['failed']} failed)" if s["failed"] else ""),
                 f"{num(mean)} ± {num(s['std'])}",
@@ -128,9 +140,9 @@ def _variant_table(stats: dict[str, dict[str, Any]], runs: list[dict[str, Any]])
                 _percent(_worst_change(runs, name)),
             ]
         )
-    header = ["variant", "what", "params", "seeds", "val loss mean ± std", "95 % CI", "ppl"]
+    header = ["variant", "what", "layers × d", "params", "seeds", "val loss mean ± std"]
     last = f"last {100 * LAST_FRACTION:.0f} % change (farthest seed)"
-    return md_table([*header, "seed's value", "iters", "ms/step", last], rows)
+    return md_table([*header, "95 % CI", "ppl", "seed's value", "iters", "ms/step", last], rows)
 
 
 def _convergence_lines(runs: list[dict[str, Any]]) -> list[str]:
