@@ -399,3 +399,27 @@ def test_the_wall_clock_arm_states_its_schedule_and_whether_its_timing_tells_it_
     ]
     apart = lm_report._schedule_lines("base-wallclock", {**budget, "ratio_iqr": [1.07, 1.09]}, {})
     assert apart == ["The timing ratio's IQR (1.070-1.090) excludes 1.0.", ""]
+
+
+def test_report_only_keeps_the_data_record_the_study_ran_on(finished: Path, tmp_path: Path) -> None:
+    """--report-only took the data record afresh from the folder as it is now: data prepared
+    again at the same path became the published study's provenance."""
+    spec, out = _copy(finished, tmp_path)
+    record = json.loads((out / output.STUDY_JSON).read_text())
+    (folder,) = record["data"]
+    ran = record["data"][folder]
+    # the folder has been prepared again since (another file there now, written later)
+    ran["bins"]["val.bin"].update(sha256="0" * 64, mtime_ns=1)
+    del ran["unigram_loss"]
+    (out / output.STUDY_JSON).write_text(json.dumps(record))
+    assert run_cli("study", str(spec), "--out", str(out), "--report-only").returncode == 0
+    assert json.loads((out / output.STUDY_JSON).read_text())["data"] == record["data"]
+
+    # the same bins: the record gains what it lacked, and keeps what it had
+    ran["bins"]["val.bin"]["sha256"] = provenance._sha256(Path(folder) / "val.bin")
+    ran["meta"]["note"] = "as recorded"
+    (out / output.STUDY_JSON).write_text(json.dumps(record))
+    assert run_cli("study", str(spec), "--out", str(out), "--report-only").returncode == 0
+    again = json.loads((out / output.STUDY_JSON).read_text())["data"][folder]
+    assert again["meta"]["note"] == "as recorded" and again["bins"] == ran["bins"]
+    assert isinstance(again["unigram_loss"], float)

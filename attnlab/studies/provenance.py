@@ -82,6 +82,21 @@ def data_provenance(folders: Iterable[str], known: dict[str, Any]) -> dict[str, 
     return out
 
 
+def as_recorded(known: dict[str, Any]) -> dict[str, Any]:
+    """The data record of a study reported again: as it ran. A folder still there with the same
+    bins (by sha256) adds what an earlier attnlab did not record (the unigram loss); one
+    prepared again since, or gone, changes nothing: the runs trained on the recorded data."""
+    now = data_provenance(known, known)
+    out = {}
+    for folder, record in known.items():
+        current = now.get(folder, {})
+        digests = [
+            {n: b.get("sha256") for n, b in r.get("bins", {}).items()} for r in (record, current)
+        ]
+        out[folder] = {**current, **record} if digests[0] == digests[1] else record
+    return out
+
+
 def _unigram(folder: Path, meta: dict[str, Any]) -> float | None:
     try:
         train, val = (read_tokens(folder / name, meta["dtype"]) for name in BINS)

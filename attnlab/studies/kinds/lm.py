@@ -155,7 +155,7 @@ class LanguageModel:
         known = record.get("data") or {}
         folders = {n: c.get("data") for n, c in (record.get("configs") or {}).items()}
         extra = {k: record[k] for k in ("wallclock", "reused", "analyses") if k in record}
-        data = provenance.data_provenance(known, known)
+        data = provenance.as_recorded(known)
         runs = [_converged_again(study, r) for r in results["runs"]]
         return _outcome(study, runs, extra, folders, data)
 
