@@ -857,25 +857,34 @@ def test_chatml_spelled_in_a_record_or_a_chat_message_is_plain_text():
     assert chat_tokenizer().encode_plain("hi") == chat_tokenizer().encode("hi")
 
 
-def test_sft_refuses_records_whose_responses_are_all_empty(
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        ({"prompt": "the king", "response": ""},
+         "every response is empty, so the model would learn only to end at once; give records "
+         "with responses"),
+        # the reasons had been printed as a Python dict
+        ({"prompt": "\u65e5", "response": "the"},
+         "0 usable record(s) (need 2: train and validation); dropped 9 records (9 unencodable)"),
+    ],
+    ids=["empty-responses", "unencodable"],
+)  # fmt: skip
+def test_sft_refuses_records_it_cannot_use(
     attnlab,  # noqa: F811
     model_dir: Path,  # noqa: F811
     tmp_path: Path,
+    record: dict,
+    expected: str,
 ):
     import json
 
     from test_sft import QUICK
 
-    data = tmp_path / "empty.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": "the king", "response": ""}) + "\n" for _ in range(9))
-    )
+    data = tmp_path / "records.jsonl"
+    data.write_text((json.dumps(record) + "\n") * 9)
     before = snapshot(tmp_path)
     p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / "sft"), *QUICK)
-    assert error_line(p, "sft") == (
-        f"{data}: every response is empty, so the model would learn only to end at once; give "
-        "records with responses"
-    )
+    assert error_line(p, "sft") == f"{data}: {expected}"
     assert snapshot(tmp_path) == before
 
 

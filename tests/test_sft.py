@@ -499,17 +499,3 @@ def test_sft_chat_refuses_a_context_too_short_for_chatml(
         p = attnlab("sft", str(folder), "--chat", "--out", str(tmp_path / "sft"), *QUICK,
                     f"block_size={need}")  # fmt: skip
         assert p.returncode == 0, p.stderr
-
-
-def test_sft_of_records_it_cannot_use_says_why_in_words(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
-    data = tmp_path / "pairs.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": "\u65e5", "response": "the"}) + "\n" for _ in range(3))
-    )
-    before = snapshot(tmp_path)
-    p = attnlab("sft", str(model_dir), "--data", str(data), "--out", str(tmp_path / "sft"), *QUICK)
-    assert error_line(p, "sft") == (
-        f"{data}: 0 usable record(s) (need 2: train and validation); dropped 3 records "
-        "(3 unencodable)"
-    )
-    assert snapshot(tmp_path) == before
