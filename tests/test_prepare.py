@@ -278,10 +278,38 @@ def test_hf_source_online_keeps_the_libraries_log(
          "val then, 90 / 10 now"),
         ({"train_tokens": "x"}, "its train tokens differ"),  # a hand-edited record
         ({}, None),  # a run from before runs recorded their data
+        ({"train_tokens": 90, "val_tokens": 10, "train_ids_sha256": "i"}, None),
+        ({"train_tokens": 90, "val_tokens": 10, "train_ids_sha256": "j"}, "its train tokens "
+         "differ (another sha256, the same 90 train / 10 val tokens)"),  # the same text, other ids
+        ({"train_tokens": 90, "val_tokens": 10, "val_ids_sha256": "v"}, None),  # not recorded now
     ],
 )  # fmt: skip
 def test_fingerprint_change_says_which_split_changed(then: dict, expected: str | None) -> None:
     from attnlab.data.prepare import fingerprint_change
 
     now = {"train_tokens": 90, "val_tokens": 10, "train_sha256": "t", "val_sha256": "a"}
+    now["train_ids_sha256"] = "i"
     assert fingerprint_change(then, now) == expected
+
+
+def test_bpe_prepare_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """Two `prepare --tokenizer bpe` processes write byte-identical folders: the library's
+    trainer alone numbered its "##" pieces in hash-map order, so every process broke ties
+    between equally frequent merges its own way (other merges, other ids, the same text)."""
+    import hashlib
+
+    from attnlab.data.corpus import nanogpt_char_text
+
+    corpus = tmp_path / "shk.txt"
+    corpus.write_text(nanogpt_char_text()[:200_000], encoding="utf-8")
+    folders = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        done = cli("--corpus", str(corpus), "--tokenizer", "bpe", "--vocab-size", "400", "--out", str(out),
+                   home=tmp_path / "home")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        folders.append({f.name: f.read_bytes() for f in sorted(out.iterdir())})
+    assert folders[0] == folders[1]
+    meta = json.loads(folders[0]["meta.json"])
+    for split in ("train", "val"):  # the token files' own hashes, as meta.json records them
+        assert meta[f"{split}_ids_sha256"] == hashlib.sha256(folders[0][f"{split}.bin"]).hexdigest()

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import fixed_pace
@@ -359,4 +360,46 @@ def test_a_study_refuses_runs_of_data_prepared_again(tmp_path: Path, tiny_data: 
     with pytest.raises(AttnlabError) as e:
         run_study(_spec(), "ci", out, seeds=1, data=data, variants=["base", "kv"])
     assert "(data prepared again (its train and val tokens differ: " in str(e.value)
+    assert snapshot(out) == before
+
+
+def _swap_two_ids(data: Path) -> None:
+    """Prepare ``data`` again as the library's BPE trainer did from one process to the next: the
+    same text and number of tokens, two ids swapped (tokenizer.json, bins, meta.json, manifest)."""
+    import hashlib
+
+    from attnlab.fsutil import MANIFEST, write_manifest
+
+    tok = json.loads((data / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = sorted(vocab)[:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (data / "tokenizer.json").write_text(json.dumps(tok))
+    meta = json.loads((data / "meta.json").read_text())
+    for split in ("train", "val"):
+        ids = np.fromfile(data / f"{split}.bin", dtype=meta["dtype"])
+        ids = np.where(ids == vocab[a], vocab[b], np.where(ids == vocab[b], vocab[a], ids))
+        ids.astype(meta["dtype"]).tofile(data / f"{split}.bin")
+        meta[f"{split}_ids_sha256"] = hashlib.sha256(ids.astype(meta["dtype"])).hexdigest()
+    (data / "meta.json").write_text(json.dumps(meta))
+    write_manifest(data, json.loads((data / MANIFEST).read_text())["kind"])
+
+
+def test_a_study_refuses_runs_of_the_same_text_under_other_ids(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    """Only the token files' hashes tell such data apart: the text's hashes and the token
+    counts are the same, and a finished run is counted from its records alone."""
+    out, data = tmp_path / "study", tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    run_study(_spec(), "ci", out, seeds=1, data=data, variants=["base", "kv"])
+    _swap_two_ids(data)
+    before = snapshot(out)
+    with pytest.raises(AttnlabError) as e:
+        run_study(_spec(), "ci", out, seeds=1, data=data, variants=["base", "kv"])
+    meta = json.loads((data / "meta.json").read_text())
+    assert (
+        "(data prepared again (its train and val tokens differ (another sha256, the same "
+        f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens)))"
+    ) in str(e.value)
     assert snapshot(out) == before

@@ -62,6 +62,7 @@ SAMPLE_SEED = 0
 SAMPLE_BLOCK = 1 << 16  # characters of whole lines drawn (or not) at a time into the sample
 PROGRESS_EVERY_S = 10.0  # off a terminal, a long stage prints how far it is this often
 META_FILE = "meta.json"
+IDS_SHA = "_ids_sha256"  # meta.json's "train_ids_sha256": the SHA-256 of train.bin as written
 META_KEYS = ("vocab_size", "dtype", "train_tokens", "val_tokens", "tokenizer", "provenance")
 TOKENIZERS = ("char", "bpe", "bytebpe")
 # what to change when a split tokenizes to fewer than 2 tokens
@@ -220,6 +221,7 @@ def prepare(
             "vocab_size": tok.vocab_size,
             "dtype": writers["train"].dtype,
             **{f"{split}_tokens": writer.tokens for split, writer in writers.items()},
+            **{f"{split}{IDS_SHA}": writer.sha256 for split, writer in writers.items()},
             "max_token_id": max(writer.max_id for writer in writers.values()),
             "tokenizer": tok.kind,
         }
@@ -411,9 +413,11 @@ def _stage(show: bool, what: str, total: int | None = None, bar: bool = True) ->
 
 def fingerprint(meta: dict) -> dict[str, Any]:
     """What tells a prepared folder's token streams apart: their lengths and, where ``prepare``
-    recorded them, the SHA-256 of each split's text. A run records it, so that resuming (or a
-    study reusing the run) notices data prepared again with another split or corpus."""
-    out = {key: meta[key] for key in ("train_tokens", "val_tokens")}
+    recorded them, the SHA-256 of each split's text and of its token file. A run records it, so
+    that resuming (or a study reusing the run) notices data prepared again with another split,
+    corpus or tokenizer (the same text under other ids)."""
+    keys = ("train_tokens", "val_tokens", f"train{IDS_SHA}", f"val{IDS_SHA}")
+    out = {key: meta[key] for key in keys if key in meta}
     provenance = meta.get("provenance")
     if isinstance(provenance, dict):
         out.update({k: provenance[k] for k in ("train_sha256", "val_sha256") if k in provenance})
@@ -426,8 +430,17 @@ def read_fingerprint(data_dir: str | Path) -> dict[str, Any]:
 
 
 def fingerprint_change(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """How a folder's token streams differ from those a run recorded, in words (None: alike)."""
-    changed = sorted({key.split("_")[0] for key in then if now.get(key) != then[key]})
+    """How a folder's token streams differ from those a run recorded, in words (None: alike).
+
+    A token file's SHA-256 that only the run recorded tells nothing (an older ``prepare`` wrote
+    the folder); the text's does: its provenance changed."""
+    changed = sorted(
+        {
+            key.split("_")[0]
+            for key in then
+            if now.get(key) != then[key] and (key in now or not key.endswith(IDS_SHA))
+        }
+    )
     if not changed:
         return None
     sizes = [d.get(k) for d in (then, now) for k in ("train_tokens", "val_tokens")]

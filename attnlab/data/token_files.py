@@ -6,6 +6,7 @@ opening token files, as ``prepare`` does, never imports torch.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,12 +24,14 @@ def _dtype_for(vocab_size: int) -> str:
 
 class TokenWriter:
     """A token file written batch by batch (``write``), in the smallest dtype that holds
-    ``vocab_size``; it counts the tokens and keeps the largest id (None while empty)."""
+    ``vocab_size``; it counts the tokens, keeps the largest id (None while empty) and the
+    SHA-256 of the bytes written (``sha256``)."""
 
     def __init__(self, path: str | Path, vocab_size: int) -> None:
         self.path, self.vocab_size = Path(path), vocab_size
         self.dtype = _dtype_for(vocab_size)
         self.tokens, self.max_id = 0, None
+        self._digest = hashlib.sha256()
         self._file = self.path.open("wb")
 
     def write(self, ids: Sequence[int] | np.ndarray) -> None:
@@ -39,9 +42,16 @@ class TokenWriter:
         low, high = int(arr.min()), int(arr.max())
         if not 0 <= low <= high < self.vocab_size:
             raise AttnlabError(f"{self.path}: token ids outside [0, {self.vocab_size})")
-        self._file.write(arr.astype(self.dtype).tobytes())
+        data = arr.astype(self.dtype).tobytes()
+        self._file.write(data)
+        self._digest.update(data)
         self.tokens += arr.size
         self.max_id = high if self.max_id is None else max(self.max_id, high)
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of the file's bytes so far."""
+        return self._digest.hexdigest()
 
     def close(self) -> None:
         self._file.close()

@@ -8,7 +8,8 @@
   gradient-boosted-attention paper's setup). Whitespace is not tokenized, so decoding joins
   words with single spaces (then drops the space before punctuation and around word-internal
   apostrophes); word-internal pieces carry a ``##`` prefix so the WordPiece decoder glues them
-  back together. Unseen characters map to ``<unk>``.
+  back together. Unseen characters map to ``<unk>``. The same text learns the same merges and
+  ids in every process (ties between equally frequent merges go by the sorted alphabet).
 - ``bytebpe``: byte-level BPE (GPT-2's scheme): text is UTF-8 bytes, whitespace included, so
   ``decode(encode(text)) == text`` for any text (newlines, indentation, any script) and nothing
   is ever unknown. The one to use when the model's output is read as text (chat, verse).
@@ -19,6 +20,7 @@ always encode as single tokens, and they are saved in ``tokenizer.json``.
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,6 +61,16 @@ def _codes(text: str) -> np.ndarray:
 
 
 MAX_VOCAB = 2**32  # token ids are stored as uint32 at most
+
+
+def _stand_ins(chars: Sequence[str]) -> dict[str, str]:
+    """A private-use character for each of ``chars`` that is none of them, in their order."""
+    taken = set(chars)
+    free = (chr(c) for c in range(0xF0000, 0x10FFFE) if chr(c) not in taken)
+    pairs = dict(zip(chars, free, strict=False))
+    if len(pairs) < len(chars):
+        raise AttnlabError(f"a BPE over {len(chars):,} distinct characters is not supported")
+    return pairs
 
 
 def check_bpe_vocab(kind: str, vocab_size: int) -> None:
@@ -154,17 +166,6 @@ class Tokenizer:
         library's own progress bars (on a terminal).
         """
         check_bpe_vocab("bpe", vocab_size)
-        hf = tokenizers.Tokenizer(
-            models.BPE(unk_token=UNK, continuing_subword_prefix=SUBWORD_PREFIX)
-        )
-        hf.pre_tokenizer = pre_tokenizers.Whitespace()
-        hf.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX, cleanup=True)
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[UNK],
-            continuing_subword_prefix=SUBWORD_PREFIX,
-            show_progress=show_progress,
-        )
         # Every character needs a word-initial token "c" and a continuation token "##c", or it
         # encodes as <unk> wherever it shows up in the other position than seen in training.
         # A doubled-character pseudo-word per character supplies both at negligible counts.
@@ -173,8 +174,44 @@ class Tokenizer:
             - set(string.whitespace)
         )
         batches = [text.splitlines()] if isinstance(text, str) else text
-        # lines, not one text: the library counts words on every core
-        hf.train_from_iterator(chain(batches, [[c + c for c in chars]]), trainer=trainer)
+        # The library's trainer numbers "##c" tokens in hash-map order, which changes from one
+        # process to the next, and breaks ties between equally frequent merges by those numbers:
+        # the same text gave other merges and ids each time. So it learns here on words whose
+        # continuation characters are stand-in characters of its sorted base alphabet, which it
+        # numbers in order, and the stand-ins become "##" pieces again afterwards.
+        stand_in = _stand_ins(chars)
+        marks = str.maketrans(stand_in)
+        words = pre_tokenizers.Whitespace()
+
+        def marked(batches: Iterable[list[str]]) -> Iterator[list[str]]:
+            for lines in batches:
+                for start in range(0, len(lines), 4096):  # a few MB of words at a time
+                    found = words.pre_tokenize_str("\n".join(lines[start : start + 4096]))
+                    yield [w[0] + w[1:].translate(marks) for w, _ in found]
+
+        learner = tokenizers.Tokenizer(models.BPE(unk_token=UNK))
+        learner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[UNK], show_progress=show_progress
+        )
+        # lines in batches, not one text: the library counts words on every core
+        pseudo = [c + stand_in[c] for c in chars]
+        learner.train_from_iterator(chain(marked(batches), [pseudo]), trainer=trainer)
+        learned = json.loads(learner.to_str())["model"]
+        back = {v: k for k, v in stand_in.items()}
+
+        def piece(token: str) -> str:
+            plain = "".join(back.get(c, c) for c in token)
+            return SUBWORD_PREFIX + plain if token[0] in back else plain
+
+        vocab = {piece(t): i for t, i in learned["vocab"].items()}
+        merges = [(piece(a), piece(b)) for a, b in learned["merges"]]
+        hf = tokenizers.Tokenizer(
+            models.BPE(vocab, merges, unk_token=UNK, continuing_subword_prefix=SUBWORD_PREFIX)
+        )
+        hf.add_special_tokens([AddedToken(UNK, special=True, normalized=False)])
+        hf.pre_tokenizer = words
+        hf.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX, cleanup=True)
         return cls(hf)
 
     @classmethod
