@@ -228,3 +228,20 @@ def test_step_timings_compile_where_the_runs_train_compiled(
     ]
     assert lm.wallclock_budget(study, finished, "base", "kv")["iters"] == 6
     assert [p.compile for p in paces] == [True]
+
+
+def test_a_plan_prepares_no_shipped_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--plan` prepared the shipped corpus in ATTNLAB_HOME to time a step on its vocabulary:
+    it wrote there, and a BPE folder prepared so was one more draw of the library's tie order."""
+    from attnlab.data.prepare import data_vocab_size, default_data_dir, shipped_char_vocab_size
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("ATTNLAB_HOME", str(home))
+    path = tmp_path / "clocked.toml"
+    path.write_text(SPEC)
+    plan = plan_study(load_spec(str(path)), "ci", tmp_path / "study")
+    assert set(plan["sec_per_step"]) == {"base", "kv"}  # timed on the real vocabulary, unprepared
+    assert not home.exists()
+    assert data_vocab_size(default_data_dir("bpe", 2048)) == 2048
+    assert data_vocab_size(default_data_dir()) == shipped_char_vocab_size()
+    assert not home.exists()

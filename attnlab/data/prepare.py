@@ -541,6 +541,16 @@ def shipped_default(folder: Path) -> dict[str, Any] | None:
     return None
 
 
+def data_vocab_size(data_dir: str | Path) -> int:
+    """The vocabulary of the prepared folder ``data_dir``, or of the shipped corpus it is the
+    default folder of, without preparing it (what a plan needs, which writes nothing)."""
+    folder = Path(data_dir).expanduser()
+    shipped = None if is_data_folder(folder) else shipped_default(folder)
+    if shipped is None:
+        return int(load_dataset(folder).meta["vocab_size"])
+    return shipped.get("vocab_size") or shipped_char_vocab_size(shipped["corpus"])
+
+
 def prepare_once(out: Path, corpus: str = EMBEDDED, **options: Any) -> None:
     """Prepare a shipped corpus into its default folder ``out`` unless it is there, once however
     many processes ask at the same time: torchrun's ranks (on every node, with a shared

@@ -11,6 +11,7 @@ written; runs another study trained identically can be copied in (``reuse_from``
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,18 @@ def plan_study(
     ``in_use``, who runs a study in ``out`` now (None: no one). It is refused where the study
     would be, except that a folder in use is planned as it stands."""
     study = _prepared(
-        spec, preset, out, seeds, 1, data, variants, None, None, allow_mixed_commits, reuse_from
+        spec,
+        preset,
+        out,
+        seeds,
+        1,
+        data,
+        variants,
+        None,
+        None,
+        allow_mixed_commits,
+        reuse_from,
+        planning=True,
     )
     return {**KINDS[spec.kind].plan(study, timed), "in_use": study.out.in_use()}
 
@@ -120,8 +132,10 @@ def _prepared(
     command: str | None,
     allow_mixed_commits: bool,
     reuse_from: list[str | Path] | None,
+    planning: bool = False,
 ) -> Study:
-    """The study as ``run_study`` runs it, every refusal made and nothing written in ``out``."""
+    """The study as ``run_study`` runs it, every refusal made and nothing written in ``out``
+    (``planning``: nor anywhere else)."""
     if variants is not None:
         if not variants and spec.variants:  # `--variants ,` ran every variant
             raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
@@ -161,6 +175,7 @@ def _prepared(
     study = _study(
         spec, preset, folder, seed_list, jobs, data, progress, header, time.perf_counter()
     )
+    study = replace(study, planning=planning)
     kind.refuse(study)
     if donors:
         study.reuse.update(kind.reusable(study, donors))

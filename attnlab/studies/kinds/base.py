@@ -43,6 +43,8 @@ class Study:
     publish: Callable[[Outcome], dict[str, Any]]
     # run folder -> another study's identical run, copied in instead of trained (--reuse-from)
     reuse: dict[str, str] = field(default_factory=dict)
+    # a --plan: writes nothing, not even a shipped corpus the runs would prepare
+    planning: bool = False
 
 
 class StudyKind(Protocol):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnlab.data.prepare import load_dataset
+from attnlab.data.prepare import is_data_folder, load_dataset, shipped_default
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import copied_from, copy_run, finished_summary
@@ -271,15 +271,18 @@ def resolved_configs(
     return out
 
 
-def _data_folder(spec: StudySpec, variant: Variant, preset: str, data: str | Path | None) -> str:
-    """The prepared data folder a variant trains on, prepared here once (not in every worker)."""
-    chosen = data if data is not None else spec.scale(preset).data
+def _data_folder(study: Study, variant: Variant) -> str:
+    """The prepared data folder a variant trains on, prepared here once (not in every worker;
+    not at all for a plan)."""
+    chosen = study.data if study.data is not None else study.spec.scale(study.preset).data
     if isinstance(chosen, dict):
         folder = default_data_for(chosen)
     elif chosen is not None:
         folder = Path(chosen).expanduser()
     else:
         folder = default_data_for(get_preset(variant.preset).data)
+    if study.planning and not is_data_folder(folder) and shipped_default(folder) is not None:
+        return str(folder)
     return str(load_dataset(folder).dir)  # a shipped corpus is prepared now, once
 
 
@@ -296,7 +299,7 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
             continue
         variant = spec.variants[name]
         model, train = spec.layered(variant, preset)
-        folder = _data_folder(spec, variant, preset, study.data)
+        folder = _data_folder(study, variant)
         arms.append((name, seeds, variant.preset, model, train, folder))
     jobs = [
         Job(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from attnlab.bench.timing import synchronizer, train_step
-from attnlab.data.prepare import load_dataset
+from attnlab.data.prepare import data_vocab_size
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.studies import output
@@ -35,7 +35,7 @@ def step_seconds(job: Job) -> float:
     plan = planned(job)
     model = plan.model
     if plan.vocab_from_data:
-        model = model.replace(vocab_size=load_dataset(job.data).meta["vocab_size"])
+        model = model.replace(vocab_size=data_vocab_size(job.data))
     device = resolve_device(plan.train.device)
     sync = synchronizer(device)
     with torch.random.fork_rng(devices=[]):
