@@ -313,3 +313,71 @@ def test_bpe_prepare_is_the_same_in_every_process(tmp_path: Path) -> None:
     meta = json.loads(folders[0]["meta.json"])
     for split in ("train", "val"):  # the token files' own hashes, as meta.json records them
         assert meta[f"{split}_ids_sha256"] == hashlib.sha256(folders[0][f"{split}.bin"]).hexdigest()
+
+
+def test_tokenizer_from_rebuilds_a_data_folders_bins_exactly(tmp_path: Path) -> None:
+    """A folder prepared on another machine (its bins gone, its tokenizer.json kept) comes back
+    byte for byte, and a new text can be encoded in a model's vocabulary."""
+    from attnlab.data.corpus import nanogpt_char_text
+
+    corpus = tmp_path / "shk.txt"
+    corpus.write_text(nanogpt_char_text()[:100_000], encoding="utf-8")
+    home = tmp_path / "home"
+    made = cli("--corpus", str(corpus), "--tokenizer", "bpe", "--vocab-size", "300",
+               "--out", str(tmp_path / "a"), home=home)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    again = cli("--corpus", str(corpus), "--tokenizer-from", str(tmp_path / "a"),
+                "--out", str(tmp_path / "b"), home=home)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    for name in ("train.bin", "val.bin", "tokenizer.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert meta["tokenizer"] == "bpe" and meta["tokenizer_from"]["path"] == str(tmp_path / "a")
+    assert "tokenizer_sample" not in meta
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [(["--tokenizer", "bpe"], "--tokenizer-from encodes with the given tokenizer: leave out "
+      "--tokenizer, --vocab-size and --tokenizer-sample"),
+     (["--tokenizer-sample", "10"], "--tokenizer-from encodes with the given tokenizer: leave out "
+      "--tokenizer, --vocab-size and --tokenizer-sample"),
+     (["--no-out"], "--tokenizer-from needs an output folder (--out)"),
+     (["--from", "missing"], "{tmp}/missing: tokenizer file not found")],
+)  # fmt: skip
+def test_tokenizer_from_refusals(tmp_path: Path, tiny_corpus: Path, extra, expected) -> None:
+    from test_folder_safety import snapshot
+
+    (tmp_path / "tok").mkdir()
+    prepare([str(tiny_corpus)], out=tmp_path / "tok" / "d")
+    source = tmp_path / "tok" / "d"
+    if "--from" in extra:
+        source, extra = tmp_path / extra[1], []
+    args = ["--corpus", str(tiny_corpus), "--tokenizer-from", str(source)]
+    if "--no-out" in extra:
+        extra = []
+    else:
+        args += ["--out", str(tmp_path / "new")]
+    before = snapshot(tmp_path)
+    p = cli(*args, *extra, home=tmp_path / "home")
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        "attnlab prepare: error: " + expected.format(tmp=tmp_path)
+    ]
+    assert snapshot(tmp_path) == before
+
+
+def test_tokenizer_from_refuses_text_the_tokenizer_cannot_encode(
+    tmp_path: Path, tiny_corpus: Path
+) -> None:
+    """A char tokenizer has no id for a character it never saw: one line, nothing written."""
+    from test_folder_safety import snapshot
+
+    prepare([str(tiny_corpus)], out=tmp_path / "d")
+    (tmp_path / "other.txt").write_text("zebra quiz\n" * 30)
+    before = snapshot(tmp_path)
+    p = cli("--corpus", str(tmp_path / "other.txt"), "--tokenizer-from", str(tmp_path / "d"),
+            "--out", str(tmp_path / "new"), home=tmp_path / "home")  # fmt: skip
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        "attnlab prepare: error: 4 character(s) not in the vocabulary: 'a', 'q', 'u', 'z'"
+    ]
+    assert snapshot(tmp_path) == before

@@ -25,9 +25,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokenizer",
         choices=("char", "bpe", "bytebpe"),  # attnlab.data.prepare.TOKENIZERS (kept lazy)
-        default="char",
-        help="char; bpe over whitespace-split words (the GBA paper's); bytebpe: byte-level, "
-        "lossless (keeps newlines and spacing)",
+        help="char (the default); bpe over whitespace-split words (the GBA paper's); bytebpe: "
+        "byte-level, lossless (keeps newlines and spacing)",
+    )
+    p.add_argument(
+        "--tokenizer-from",
+        type=path_arg,
+        metavar="PATH",
+        help="encode with this tokenizer.json (or the one in a data, run or model folder) "
+        "instead of learning one: the same ids as that data or model; needs --out",
     )
     p.add_argument("--vocab-size", type=int, help="bpe/bytebpe vocabulary size (default 16384)")
     p.add_argument(
@@ -62,13 +68,14 @@ def run(args: argparse.Namespace) -> int:
 
     out = prepare(
         args.corpus,
-        args.tokenizer,
+        args.tokenizer or "char",
         args.vocab_size,
         args.out,
         args.val_fraction,
         args.overwrite,
         progress=True,
         tokenizer_sample=args.tokenizer_sample,
+        tokenizer_from=args.tokenizer_from,
     )
     meta = read_meta(out)
     n_docs = len(meta["provenance"]["documents"])

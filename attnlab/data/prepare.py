@@ -22,6 +22,7 @@ Loading checks the recorded largest id against the tokenizer instead of reading 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -91,6 +92,20 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
     return vocab_size
 
 
+def _given_tokenizer(
+    path: str | Path | None, tokenizer: str, vocab_size: int | None, sample: int | None
+) -> Tokenizer | None:
+    """The tokenizer at ``path`` (None: none given), refused beside the options of a learned one."""
+    if path is None:
+        return None
+    if tokenizer != "char" or vocab_size is not None or sample is not None:
+        raise AttnlabError(
+            "--tokenizer-from encodes with the given tokenizer: leave out --tokenizer, "
+            "--vocab-size and --tokenizer-sample"
+        )
+    return Tokenizer.load(Path(path).expanduser())
+
+
 def _check_sample(bpe_vocab: int | None, tokenizer_sample: int | None) -> int:
     """The BPE sample size to use: ``tokenizer_sample`` checked, or the default."""
     if tokenizer_sample is None:
@@ -152,6 +167,7 @@ def prepare(
     progress: bool = False,
     tokenizer_sample: int | None = None,
     chunk: int = CHUNK,
+    tokenizer_from: str | Path | None = None,
 ) -> Path:
     """Load, split, tokenize and write ``sources`` into the folder ``out``; return ``out``.
 
@@ -160,12 +176,17 @@ def prepare(
     a terminal (the tokenizers library's own while a BPE trains), else a line now and then.
     ``tokenizer_sample``: the most bytes of train text BPE learns on (None:
     DEFAULT_TOKENIZER_SAMPLE). ``chunk``: the size of the pieces the corpus is read in
-    (characters; bytes from a file).
+    (characters; bytes from a file). ``tokenizer_from``: a tokenizer.json (or a folder holding
+    one: a data, run or model folder) to encode with instead of learning one, e.g. to rebuild a
+    data folder's bins exactly, or to score new text in a model's vocabulary.
     """
+    given = _given_tokenizer(tokenizer_from, tokenizer, vocab_size, tokenizer_sample)
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
     check_val_fraction(val_fraction)  # before anything is written
     tokenizer_sample = _check_sample(bpe_vocab, tokenizer_sample)
     flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
+    if out is None and given is not None:  # the shipped corpus's default folder is not its
+        raise AttnlabError("--tokenizer-from needs an output folder (--out)")
     if out is None:
         named = list(sources or [EMBEDDED])
         if len(named) != 1 or named[0] not in NAMED:
@@ -183,19 +204,26 @@ def prepare(
         with _stage(progress, f"reading {names}") as stage:
             corpus.scan(stage.advance)
             _check_split(corpus, val_fraction, names)
+            if given is not None and given.kind == "char":  # refused now, not once encoding
+                given.encode(corpus.characters)
             stage.done.append(
                 f"{len(corpus.parts)} documents, "
                 f"{_mb(corpus.train_bytes)} train + {_mb(corpus.val_bytes)} val text"
             )
         what = "char" if bpe_vocab is None else f"{tokenizer} (vocab {bpe_vocab:,})"
+        title = f"training the {what} tokenizer"
+        if given is not None:
+            title = f"loading the given {given.kind} tokenizer"
         bars = progress and sys.stderr.isatty()  # the library's bars only draw on a terminal
         with _stage(
             progress,
-            f"training the {what} tokenizer",
+            title,
             corpus.train_bytes,
             bpe_vocab is not None and not bars,
         ) as stage:
-            if bpe_vocab is None:
+            if given is not None:
+                tok, sample = given, None
+            elif bpe_vocab is None:
                 tok, sample = Tokenizer.from_chars(corpus.characters), None
             else:
                 sample = _Sample(corpus, tokenizer_sample, tokenizer == "bytebpe", stage.advance)
@@ -227,6 +255,11 @@ def prepare(
         }
         if sample is not None:
             meta["tokenizer_sample"] = sample.record()
+        if given is not None:
+            meta["tokenizer_from"] = {
+                "path": str(Path(tokenizer_from).expanduser().resolve()),
+                "sha256": hashlib.sha256(given.hf.to_str().encode()).hexdigest(),
+            }
         meta["provenance"] = corpus.provenance()
         write_meta(tmp, meta)
     return out
