@@ -86,12 +86,19 @@ def test_progress_lines_and_results_after_every_run(tmp_path: Path, tiny_data: P
     run_study(_spec(), "ci", out, data=tiny_data, progress=again.append)
     assert len(again) == 6 and all("finished earlier" in line for line in again)
 
-    # With one early run to redo, everything that finished is reported (and published) first.
+    # With one early run to redo, everything that finished (the wall-clock arm's runs too) is
+    # reported, and published in one report, before it trains: results.json never lists fewer
+    # runs than had finished (the 5 that still have, then 6).
     (out / "runs" / "kv" / "seed0" / "summary.json").unlink()
-    redo: list[str] = []
-    run_study(_spec(), "ci", out, data=tiny_data, progress=redo.append)
-    assert ["finished earlier" in line for line in redo[:3]] == [True] * 3
-    assert re.match(r"\[4/6\] kv seed 0: val loss ", redo[3]) and "finished earlier" not in redo[3]
+    lines.clear()
+    seen_runs.clear()
+    run_study(_spec(), "ci", out, data=tiny_data, progress=progress)
+    assert ["finished earlier" in line for line in lines[:5]] == [True] * 5
+    assert (
+        re.match(r"\[6/6\] kv seed 0: val loss ", lines[5]) and "finished earlier" not in lines[5]
+    )
+    assert seen_runs == [5, 5, 5, 5, 5, 6]
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 6
 
 
 def test_interrupted_study_resumes_mid_run_and_equals_uninterrupted(

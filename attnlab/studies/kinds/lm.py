@@ -109,28 +109,52 @@ class LanguageModel:
         tracker = Tracker(total, study.progress, parallel=study.jobs)
         analyses = study.out.previous().get("analyses") or {}
 
-        def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
-            runs.append(row)  # a run times itself: row["seconds"]
-            if row["status"] == "ok":
-                row.update(output.convergence(row["run_dir"], row["iters"]))
-                result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
-            else:
-                result = f"FAILED {row.get('error', '')}"
+        def publish(rows: list[dict[str, Any]]) -> None:
+            """Add the finished ``rows``, rewrite the study folder, then tell each one (so
+            results.json already holds a run when its line arrives)."""
+            for row in rows:
+                if row["status"] == "ok":
+                    row.update(output.convergence(row["run_dir"], row["iters"]))
+            runs.extend(rows)  # a run times itself: row["seconds"]
             nonlocal analyses
             analyses = run_analyses(study, runs, analyses)
             kept = {"wallclock": budgets, "reused": reused, "analyses": analyses}
             study.publish(_outcome(study, runs, kept, folders, data))
-            what = f"{row['variant']} seed {row['seed']}"
-            tracker.done(what, result, row.get("seconds", 0), row["skipped"])
+            for row in rows:
+                if row["status"] == "ok":
+                    result = f"val loss {row['val_loss']:.4f} after {row['iters']} iters"
+                else:
+                    result = f"FAILED {row.get('error', '')}"
+                what = f"{row['variant']} seed {row['seed']}"
+                tracker.done(what, result, row.get("seconds", 0), row["skipped"])
 
-        run_all(train_one, first_jobs, study.jobs, on_done)
+        def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
+            publish([row])
+
+        # The runs that finished earlier (a kept wall-clock budget's too) at once, here, in
+        # one report: a resumed study's report never lists fewer runs than it had.
+        earlier = [
+            job
+            for job in first_jobs + _jobs(study, list(budgets), _budget_iters(budgets))
+            if finished_summary(job.run_dir) is not None
+        ]
+        if earlier:
+            publish([train_one(job) for job in earlier])
+        done = {job.run_dir for job in earlier}
+        left = [job for job in first_jobs if job.run_dir not in done]
+        run_all(train_one, left, study.jobs, on_done)
         for name in clocked:
             v = spec.variants[name]
             if name not in budgets and spec.trains(name):
                 budget = wallclock_budget(study, runs, v.matches or "", v.clock_of or "")
                 if budget is not None:
                     budgets[name] = budget
-        run_all(train_one, _jobs(study, list(budgets), _budget_iters(budgets)), study.jobs, on_done)
+        left = [
+            job
+            for job in _jobs(study, list(budgets), _budget_iters(budgets))
+            if job.run_dir not in done
+        ]
+        run_all(train_one, left, study.jobs, on_done)
         for name in clocked:
             if name not in budgets and spec.trains(name):
                 runs += [
