@@ -187,6 +187,17 @@ def test_unigram_loss_counts_in_chunks_and_the_report_names_runs_at_it(
     assert _unigram_lines(runs, {"configs": record["configs"]}) == []  # an older study.json
 
 
+def test_a_study_run_several_at_a_time_says_its_step_times_share_the_machine() -> None:
+    from attnlab.studies.kinds.lm_report import _shared_cpu_lines
+
+    assert _shared_cpu_lines({"jobs": 1}) == [] and _shared_cpu_lines({}) == []
+    line = _shared_cpu_lines({"jobs": 2})[0]
+    assert line.startswith("**Step times.** The study (its last invocation) ran 2 runs at a time")
+    assert line.endswith("compared side by side by `attnlab bench`.")
+    clocked = _shared_cpu_lines({"jobs": 3, "wallclock": {"v-wallclock": {}}})[0]
+    assert clocked.endswith("`attnlab bench` and by the wall-clock arm's interleaved timing below.")
+
+
 def test_the_curves_show_the_convergence_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

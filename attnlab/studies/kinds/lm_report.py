@@ -46,6 +46,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         *_variant_table(record["variants"], results["runs"], record.get("configs") or {}),
         *_convergence_lines(results["runs"]),
         *_unigram_lines(results["runs"], record),
+        *_shared_cpu_lines(record),
         *_reused_lines(record),
         *_wallclock_lines(record),
         "## Comparisons",
@@ -172,6 +173,23 @@ def _convergence_lines(runs: list[dict[str, Any]]) -> list[str]:
     if len(measured) < len(runs):
         lines[0] += f" ({len(runs) - len(measured)} runs have no measured change.)"
     return [*lines, ""]
+
+
+def _shared_cpu_lines(record: dict[str, Any]) -> list[str]:
+    """A study run several at a time: its ms/step column measures load as much as cost."""
+    jobs = record.get("jobs")
+    if not isinstance(jobs, int) or jobs < 2:
+        return []
+    timed = (
+        " and by the wall-clock arm's interleaved timing below" if record.get("wallclock") else ""
+    )
+    return [
+        f"**Step times.** The study (its last invocation) ran {jobs} runs at a time (`--jobs "
+        f"{jobs}`), so a run's ms/step is its mean step while sharing the machine with whichever "
+        "runs trained beside it: it shows load as much as cost. Step costs are compared side by "
+        f"side by `attnlab bench`{timed}.",
+        "",
+    ]
 
 
 def _unigram_lines(runs: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
