@@ -16,7 +16,7 @@ from attnlab.studies import runner
 from attnlab.studies.kinds import lm, lm_plan
 from attnlab.studies.output import StudyDir
 from attnlab.studies.runner import plan_study, run_study
-from attnlab.studies.spec import load_spec
+from attnlab.studies.spec import list_studies, load_spec
 
 SPEC = """
 name = "clocked"
@@ -245,3 +245,17 @@ def test_a_plan_prepares_no_shipped_corpus(tmp_path: Path, monkeypatch: pytest.M
     assert data_vocab_size(default_data_dir("bpe", 2048)) == 2048
     assert data_vocab_size(default_data_dir()) == shipped_char_vocab_size()
     assert not home.exists()
+
+
+@pytest.mark.parametrize("name", [n for n, _ in list_studies() if load_spec(n).kind == "lm"])
+def test_every_shipped_lm_study_plans_without_preparing(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan on a study whose presets take the embedded corpus (no data table) raised a
+    TypeError: the embedded corpus's folder is named by None until it is prepared."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("ATTNLAB_HOME", str(home))
+    monkeypatch.setattr(lm_plan, "step_seconds", lambda job: 0.01)
+    plan = plan_study(load_spec(name), "ci", tmp_path / "study")
+    assert plan["rows"] and all(r["state"] == "trains" for r in plan["rows"])
+    assert not home.exists() and not (tmp_path / "study").exists()

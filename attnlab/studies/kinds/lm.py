@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnlab.data.prepare import is_data_folder, load_dataset, shipped_default
+from attnlab.data.prepare import default_data_dir, is_data_folder, load_dataset, shipped_default
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
 from attnlab.rundir import copied_from, copy_run, finished_summary
@@ -305,6 +305,7 @@ def _data_folder(study: Study, variant: Variant) -> str:
         folder = Path(chosen).expanduser()
     else:
         folder = default_data_for(get_preset(variant.preset).data)
+    folder = default_data_dir() if folder is None else folder  # None: the embedded corpus
     if study.planning and not is_data_folder(folder) and shipped_default(folder) is not None:
         return str(folder)
     return str(load_dataset(folder).dir)  # a shipped corpus is prepared now, once
