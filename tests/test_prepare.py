@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -336,26 +337,42 @@ def test_tokenizer_from_rebuilds_a_data_folders_bins_exactly(tmp_path: Path) -> 
     assert "tokenizer_sample" not in meta
 
 
+LEAVE_OUT = (
+    "--tokenizer-from encodes with the given tokenizer: leave out --tokenizer, --vocab-size and "
+    "--tokenizer-sample"
+)
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
-    [(["--tokenizer", "bpe"], "--tokenizer-from encodes with the given tokenizer: leave out "
-      "--tokenizer, --vocab-size and --tokenizer-sample"),
-     (["--tokenizer-sample", "10"], "--tokenizer-from encodes with the given tokenizer: leave out "
-      "--tokenizer, --vocab-size and --tokenizer-sample"),
+    [(["--tokenizer", "bpe"], LEAVE_OUT),
+     (["--tokenizer", "char"], LEAVE_OUT),  # the default named: was taken for the default
+     (["--tokenizer-sample", "10"], LEAVE_OUT),
      (["--no-out"], "--tokenizer-from needs an output folder (--out)"),
-     (["--from", "missing"], "{tmp}/missing: tokenizer file not found")],
+     (["--out-is-source"], "--out {tmp}/tok/d is the folder --tokenizer-from reads, which it "
+      "would replace; name another folder"),
+     (["--from", "missing"], "{tmp}/missing: tokenizer file not found; name a tokenizer.json, "
+      "or a data, run or model folder that holds one"),
+     (["--from", "wordlevel.json"], "{tmp}/wordlevel.json: a WordLevel tokenizer whose tokens "
+      "are not all single characters: attnlab reads char (WordLevel of characters), bpe and "
+      "byte-level bpe tokenizers")],
 )  # fmt: skip
 def test_tokenizer_from_refusals(tmp_path: Path, tiny_corpus: Path, extra, expected) -> None:
+    import tokenizers
     from test_folder_safety import snapshot
 
     (tmp_path / "tok").mkdir()
     prepare([str(tiny_corpus)], out=tmp_path / "tok" / "d")
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"ab": 0, "c": 1}, unk_token="c"))
+    words.save(str(tmp_path / "wordlevel.json"))
     source = tmp_path / "tok" / "d"
     if "--from" in extra:
         source, extra = tmp_path / extra[1], []
     args = ["--corpus", str(tiny_corpus), "--tokenizer-from", str(source)]
-    if "--no-out" in extra:
+    if extra == ["--no-out"]:
         extra = []
+    elif extra == ["--out-is-source"]:
+        args, extra = [*args, "--out", str(source)], []
     else:
         args += ["--out", str(tmp_path / "new")]
     before = snapshot(tmp_path)
@@ -366,18 +383,38 @@ def test_tokenizer_from_refusals(tmp_path: Path, tiny_corpus: Path, extra, expec
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
 def test_tokenizer_from_refuses_text_the_tokenizer_cannot_encode(
-    tmp_path: Path, tiny_corpus: Path
+    tmp_path: Path, tiny_corpus: Path, tokenizer: str
 ) -> None:
-    """A char tokenizer has no id for a character it never saw: one line, nothing written."""
+    """A char tokenizer has no id for a character it never saw, and a bpe encoded each as
+    <unk>: a whole corpus of another alphabet became one id, accepted. One line, nothing
+    written."""
     from test_folder_safety import snapshot
 
-    prepare([str(tiny_corpus)], out=tmp_path / "d")
-    (tmp_path / "other.txt").write_text("zebra quiz\n" * 30)
+    vocab = {"bpe": 60}.get(tokenizer)
+    prepare([str(tiny_corpus)], tokenizer, vocab, out=tmp_path / "d")
+    other = tmp_path / "other.txt"
+    other.write_text("zebra quiz\n" * 30)
     before = snapshot(tmp_path)
-    p = cli("--corpus", str(tmp_path / "other.txt"), "--tokenizer-from", str(tmp_path / "d"),
+    p = cli("--corpus", str(other), "--tokenizer-from", str(tmp_path / "d"),
             "--out", str(tmp_path / "new"), home=tmp_path / "home")  # fmt: skip
     assert p.returncode == 2 and p.stderr.splitlines() == [
-        "attnlab prepare: error: 4 character(s) not in the vocabulary: 'a', 'q', 'u', 'z'"
+        f"attnlab prepare: error: 4 character(s) of {other} are not in --tokenizer-from's "
+        "vocabulary: 'a', 'q', 'u', 'z'; leave out --tokenizer-from to learn this corpus's own"
     ]
     assert snapshot(tmp_path) == before
+
+
+def test_tokenizer_from_a_run_folder_reads_its_checkpoints_tokenizer(
+    tmp_path: Path, tiny_corpus: Path
+) -> None:
+    prepare([str(tiny_corpus)], out=tmp_path / "d")
+    (tmp_path / "run" / "latest").mkdir(parents=True)
+    shutil.copy(tmp_path / "d" / "tokenizer.json", tmp_path / "run" / "latest")
+    p = cli("--corpus", str(tiny_corpus), "--tokenizer-from", str(tmp_path / "run"),
+            "--out", str(tmp_path / "new"), home=tmp_path / "home")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "new" / "train.bin").read_bytes() == (
+        tmp_path / "d" / "train.bin"
+    ).read_bytes()

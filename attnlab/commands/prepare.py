@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = prepare(
         args.corpus,
-        args.tokenizer or "char",
+        args.tokenizer,
         args.vocab_size,
         args.out,
         args.val_fraction,

@@ -51,7 +51,7 @@ from attnlab.data.corpus import (
 )
 from attnlab.data.token_files import TokenWriter, read_tokens
 from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
-from attnlab.data.tokenizer import StreamEncoder, Tokenizer, check_bpe_vocab
+from attnlab.data.tokenizer import StreamEncoder, Tokenizer, check_bpe_vocab, listed
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_manifest, holds_only, replace_folder
 
@@ -93,17 +93,33 @@ def _check_tokenizer_args(tokenizer: str, vocab_size: int | None) -> int | None:
 
 
 def _given_tokenizer(
-    path: str | Path | None, tokenizer: str, vocab_size: int | None, sample: int | None
+    path: str | Path | None,
+    tokenizer: str | None,
+    vocab_size: int | None,
+    sample: int | None,
+    out: str | Path | None,
 ) -> Tokenizer | None:
-    """The tokenizer at ``path`` (None: none given), refused beside the options of a learned one."""
+    """The tokenizer at ``path`` (None: none given), refused beside the options of a learned
+    one, without ``out``, or with ``out`` the folder it is read from (whose files ``out``
+    replaces)."""
     if path is None:
         return None
-    if tokenizer != "char" or vocab_size is not None or sample is not None:
+    if tokenizer is not None or vocab_size is not None or sample is not None:
         raise AttnlabError(
             "--tokenizer-from encodes with the given tokenizer: leave out --tokenizer, "
             "--vocab-size and --tokenizer-sample"
         )
-    return Tokenizer.load(Path(path).expanduser())
+    if out is None:  # the shipped corpus's default folder is not its
+        raise AttnlabError("--tokenizer-from needs an output folder (--out)")
+    source = Path(path).expanduser()
+    given = Tokenizer.load(source)
+    folder = source if source.is_dir() else source.parent
+    if Path(out).expanduser().resolve() == folder.resolve():
+        raise AttnlabError(
+            f"--out {out} is the folder --tokenizer-from reads, which it would replace; "
+            "name another folder"
+        )
+    return given
 
 
 def _check_sample(bpe_vocab: int | None, tokenizer_sample: int | None) -> int:
@@ -159,7 +175,7 @@ def _own_data_folder(folder: Path) -> bool:
 
 def prepare(
     sources: Sequence[str] | None = None,
-    tokenizer: str = "char",
+    tokenizer: str | None = None,
     vocab_size: int | None = None,
     out: str | Path | None = None,
     val_fraction: float = 0.1,
@@ -176,17 +192,17 @@ def prepare(
     a terminal (the tokenizers library's own while a BPE trains), else a line now and then.
     ``tokenizer_sample``: the most bytes of train text BPE learns on (None:
     DEFAULT_TOKENIZER_SAMPLE). ``chunk``: the size of the pieces the corpus is read in
-    (characters; bytes from a file). ``tokenizer_from``: a tokenizer.json (or a folder holding
+    (characters; bytes from a file). ``tokenizer``: char (None), bpe or bytebpe.
+    ``tokenizer_from``: a tokenizer.json (or a folder holding
     one: a data, run or model folder) to encode with instead of learning one, e.g. to rebuild a
     data folder's bins exactly, or to score new text in a model's vocabulary.
     """
-    given = _given_tokenizer(tokenizer_from, tokenizer, vocab_size, tokenizer_sample)
+    given = _given_tokenizer(tokenizer_from, tokenizer, vocab_size, tokenizer_sample, out)
+    tokenizer = tokenizer or "char"
     bpe_vocab = _check_tokenizer_args(tokenizer, vocab_size)
     check_val_fraction(val_fraction)  # before anything is written
     tokenizer_sample = _check_sample(bpe_vocab, tokenizer_sample)
     flag = "--out" if out is not None else "ATTNLAB_HOME"  # what to change if out is refused
-    if out is None and given is not None:  # the shipped corpus's default folder is not its
-        raise AttnlabError("--tokenizer-from needs an output folder (--out)")
     if out is None:
         named = list(sources or [EMBEDDED])
         if len(named) != 1 or named[0] not in NAMED:
@@ -204,8 +220,13 @@ def prepare(
         with _stage(progress, f"reading {names}") as stage:
             corpus.scan(stage.advance)
             _check_split(corpus, val_fraction, names)
-            if given is not None and given.kind == "char":  # refused now, not once encoding
-                given.encode(corpus.characters)
+            missing = given.missing(corpus.characters) if given is not None else []
+            if missing:  # refused now, not once encoding (a bpe's as <unk>, silently)
+                raise AttnlabError(
+                    f"{len(missing)} character(s) of {names} are not in --tokenizer-from's "
+                    f"vocabulary: {listed(missing)}; leave out --tokenizer-from to learn this "
+                    "corpus's own"
+                )
             stage.done.append(
                 f"{len(corpus.parts)} documents, "
                 f"{_mb(corpus.train_bytes)} train + {_mb(corpus.val_bytes)} val text"

@@ -40,6 +40,13 @@ SUBWORD_PREFIX = "##"
 # so Hugging Face's own encoder fails loudly on unknown characters just as ours does.
 _CHAR_UNK = "[UNK]"
 _MAX_LISTED = 5
+
+
+def listed(chars: Sequence[str]) -> str:
+    """The first few of ``chars`` as reprs, for a message."""
+    return ", ".join(map(repr, chars[:_MAX_LISTED])) + (", ..." if len(chars) > _MAX_LISTED else "")
+
+
 IM_END = "<|im_end|>"  # ChatML's end of a turn: what sft teaches a model to emit when done
 # the special tokens that end a text, first found wins: the end of a turn (a chat-tuned model),
 # then GPT-2's document separator (an imported GPT-2 tokenizer)
@@ -114,7 +121,10 @@ class Tokenizer:
                 if t not in self._specials
             }
             if any(len(c) != 1 for c in vocab):
-                raise AttnlabError("char tokenizer vocabulary holds multi-character tokens")
+                raise AttnlabError(
+                    "a WordLevel tokenizer whose tokens are not all single characters: attnlab "
+                    "reads char (WordLevel of characters), bpe and byte-level bpe tokenizers"
+                )
             codes = _codes("".join(vocab))
             # id by code point; the entry past the largest code is -1, where larger ones look up
             self._ids = np.full(int(codes.max(initial=0)) + 2, -1, dtype=np.int64)
@@ -235,11 +245,20 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Load ``tokenizer.json`` (or the one inside the folder ``path``)."""
+        """Load ``tokenizer.json``, or the one inside the folder ``path`` (a run folder's is
+        in its checkpoints: ``latest/``, else ``best/``)."""
         path = Path(path)
         file = path / FILENAME if path.is_dir() else path
+        if path.is_dir() and not file.exists():
+            file = next(
+                (f for f in (path / "latest" / FILENAME, path / "best" / FILENAME) if f.is_file()),
+                file,
+            )
         if not file.is_file():
-            raise AttnlabError(f"{file}: tokenizer file not found")
+            raise AttnlabError(
+                f"{file}: tokenizer file not found; name a tokenizer.json, or a data, run or "
+                "model folder that holds one"
+            )
         try:
             hf = tokenizers.Tokenizer.from_file(str(file))
         except Exception as e:  # the Rust error says what is wrong; keep its first line
@@ -319,11 +338,24 @@ class Tokenizer:
         unknown = ids < 0
         if unknown.any():
             bad = sorted({chr(c) for c in codes[unknown]})
-            listed = ", ".join(map(repr, bad[:_MAX_LISTED])) + (
-                ", ..." if len(bad) > _MAX_LISTED else ""
-            )
-            raise AttnlabError(f"{len(bad)} character(s) not in the vocabulary: {listed}")
+            raise AttnlabError(f"{len(bad)} character(s) not in the vocabulary: {listed(bad)}")
         return ids
+
+    def missing(self, chars: Sequence[str]) -> list[str]:
+        """The characters of ``chars`` this tokenizer cannot encode: a char tokenizer's absent
+        ones; a bpe's that encode as <unk> alone or doubled (at a word's start, and inside one);
+        none for byte-level BPE."""
+        if self.kind == "char":
+            codes = _codes("".join(chars))
+            ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+            return [chr(c) for c in codes[ids < 0]]
+        unk = self.hf.token_to_id(UNK)
+        if unk is None:
+            return []
+        words = [c for c in chars if not c.isspace()]
+        alone = self.hf.encode_batch(words, add_special_tokens=False)
+        doubled = self.hf.encode_batch([c + c for c in words], add_special_tokens=False)
+        return [c for c, a, b in zip(words, alone, doubled, strict=True) if unk in a.ids + b.ids]
 
     def encode_array(self, pieces: list[str]) -> np.ndarray:
         """Token ids of the concatenation of ``pieces``, which must be cut where ``safe_cut``
