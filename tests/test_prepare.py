@@ -418,3 +418,49 @@ def test_tokenizer_from_a_run_folder_reads_its_checkpoints_tokenizer(
     assert (tmp_path / "new" / "train.bin").read_bytes() == (
         tmp_path / "d" / "train.bin"
     ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("folder", "extra", "shipped"),
+    [("shakespeare_char", [], "shakespeare_char"),
+     ("shakespeare-char", ["--val-fraction", "0.2"], "shakespeare"),
+     ("shakespeare-bpe2048", ["--tokenizer", "bpe", "--vocab-size", "300"], "shakespeare (bpe, vocab 2048)")],
+)  # fmt: skip
+def test_prepare_refuses_other_data_in_a_shipped_corpuss_folder(
+    tmp_path: Path, tiny_corpus: Path, folder: str, extra: list[str], shipped: str
+) -> None:
+    """Other text, another split or tokenizer written where a shipped corpus is kept was
+    trained on by every preset and study as that corpus, without a word."""
+    from test_folder_safety import snapshot
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    source = ["shakespeare"] if "--val-fraction" in extra else [str(tiny_corpus)]
+    out = home / "data" / folder
+    before = snapshot(tmp_path)
+    p = cli("--corpus", *source, *extra, "--out", str(out), home=home)
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        f"attnlab prepare: error: --out {out} is where attnlab keeps the shipped corpus {shipped}, "
+        "which presets and studies train on; name another folder"
+    ]
+    assert snapshot(tmp_path) == before
+
+
+def test_a_shipped_corpuss_folder_holding_other_data_is_refused_when_loaded(
+    tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One made so before prepare refused it (or copied there) is named, not trained on."""
+    monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path / "home"))
+    folder = default_data_dir(corpus="shakespeare_char")
+    prepare([str(tiny_corpus)], out=tmp_path / "mine")
+    shutil.copytree(tmp_path / "mine", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    with pytest.raises(AttnlabError) as e:
+        load_dataset(folder)
+    assert str(e.value) == (
+        f"{folder} is the folder of the shipped corpus shakespeare_char but holds "
+        f"{meta['provenance']['name']} (char, vocab {meta['vocab_size']}, val fraction 0.1); "
+        "move it away: the corpus is prepared there again on first use"
+    )
+    shutil.rmtree(folder)
+    assert load_dataset(folder).meta["provenance"]["name"] == "shakespeare_char"  # made again

@@ -290,6 +290,7 @@ def test_variant_selection_trains_a_subset_of_the_whole_study() -> None:
     [
         (["vanilla-128", "nope"], "study 'kv-bias' has no variant 'nope'; it has vanilla-128, "),
         (["vanilla-128-wallclock"], "is timed from vanilla-128 and kv-bias-112: select them too"),
+        (["vanilla-128", "kv-bias-112", "vanilla-128"], "--variants names 'vanilla-128' twice"),
     ],
 )
 def test_variant_selection_errors(names: list[str], message: str) -> None:

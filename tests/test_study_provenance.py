@@ -264,6 +264,13 @@ def _edit(path: Path, change: Any) -> None:
         "string-loss",
         "no-preset",
         "bad-seeds",
+        "negative-loss",
+        "negative-iters",
+        "fractional-iters",
+        "no-runs",
+        "seed-twice",
+        "truncated-record",
+        "record-not-a-table",
     ],
 )
 def test_a_hand_edited_study_is_refused_by_report_only(
@@ -293,7 +300,22 @@ def test_a_hand_edited_study_is_refused_by_report_only(
         _edit(record, lambda d: d.pop("preset"))
     elif case == "bad-seeds":
         _edit(record, lambda d: d.update(seeds="0,1"))
+    elif case == "negative-loss":  # was reported: a mean of -0.9 and a CI of 10^26 %
+        runs(lambda r: r[0].update(val_loss=-5.0))
+    elif case == "negative-iters":
+        runs(lambda r: r[0].update(iters=-4))
+    elif case == "fractional-iters":
+        runs(lambda r: r[0].update(iters=2.5))
+    elif case == "no-runs":  # was rewritten as an empty study beside its finished runs
+        runs(lambda r: r.clear())
+    elif case == "seed-twice":
+        _edit(record, lambda d: d.update(seeds=[0, 0]))
+    elif case == "truncated-record":  # was "holds study None, not 'prov'"
+        record.write_text(record.read_text()[:100])
+    elif case == "record-not-a-table":
+        record.write_text("[]")
     first = json.loads(results.read_text())["runs"]
+    second = first[1] if len(first) > 1 else {}  # the row edited by "no-status"
     before = snapshot(tmp_path)
     p = run_cli("study", str(spec), "--out", str(out), "--report-only")
     msg = error_line(p, "study")
@@ -307,13 +329,26 @@ def test_a_hand_edited_study_is_refused_by_report_only(
             "foreign-variant": f"{row} other seed 0: the study has no variant 'other'",
             "not-a-table": f"{row} 5 is list, not a table of variant, seed, val_loss, ...; "
             "restore it as the study wrote it",
-            "no-status": f"{row} 2 ({first[1]['variant']} seed {first[1]['seed']}) has status None, "
+            "no-status": f"{row} 2 ({second.get('variant')} seed {second.get('seed')}) has status None, "
             "not ok or failed; restore it as the study wrote it",
             "no-variant": f"{row} 1 has variant None, not a name; restore it as the study wrote it",
             "string-loss": f"{row} 1 (base seed 0) has val_loss '1.5', not a number; "
             "restore it as the study wrote it",
             "no-preset": f"{record} names no preset; restore it as the study wrote it",
             "bad-seeds": f"{record} has seeds '0,1', not a list of whole numbers",
+            "negative-loss": f"{row} 1 (base seed 0) has val_loss -5.0, below 0; "
+            "restore it as the study wrote it",
+            "negative-iters": f"{row} 1 (base seed 0) has iters -4, below 0; "
+            "restore it as the study wrote it",
+            "fractional-iters": f"{row} 1 (base seed 0) has iters 2.5, not a whole number; "
+            "restore it as the study wrote it",
+            "no-runs": f"{results} does not list the finished run base seed 0; restore it, or "
+            "run the study command again (it lists every finished run)",
+            "seed-twice": f"{record} has seeds [0, 0], one of them twice; restore it",
+            "truncated-record": msg.startswith(f"cannot read {record}: ")
+            and msg.endswith("; restore it as the study wrote it")
+            and msg,
+            "record-not-a-table": f"{record} is not a study's record (a table); restore it",
         }[case]
     )
 

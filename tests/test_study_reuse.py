@@ -203,7 +203,10 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
         out.mkdir()
         (out / "study.json").write_text("{}")
     if case == "no-runs-kind":
-        (out / "runs/base/seed0").mkdir(parents=True)
+        (out / "runs/base/seed0/latest").mkdir(parents=True)
+    if case == "published-copy":  # its runs' records, no weights: copies were runs without models
+        (out / "runs/vanilla-128/seed0").mkdir(parents=True)
+        (out / "runs/vanilla-128/seed0/summary.json").write_text("{}")
     before = snapshot(tmp_path)
     line = error_line(run_cli("study", *args), "study")
     assert (
@@ -214,8 +217,8 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
             "report-only": "--report-only takes the study as it ran; leave out --reuse-from",
             "no-runs-kind": "--reuse-from: kind = 'retrieval' studies train no runs to reuse; "
             "leave it out",
-            "published-copy": f"--reuse-from {out} holds no runs (a published copy?); name "
-            "the study folder that trained them",
+            "published-copy": f"--reuse-from {out} holds no run with its weights (a published "
+            "copy?); name the study folder that trained them",
             "empty": "--reuse-from is empty; name a file or folder",
             "no-variants": "--variants names none; choose from vanilla-128, kv-bias-112, "
             "kv-bias-detached, vanilla-112, vanilla-7l, vanilla-136, vanilla-128-wallclock",

@@ -75,9 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--publish",
         type=path_arg,
         metavar="DIR",
-        help=f"train nothing: copy the study in --out without its runs ({output.REPORT}, "
+        help=f"train nothing: copy the study in --out without its runs' weights ({output.REPORT}, "
         f"{output.RESULTS_JSON}, {output.RESULTS_CSV}, {output.STUDY_JSON}, "
-        f"{output.FIGURES}/) to DIR, e.g. results/NAME to commit; a NOTES.md there is kept",
+        f"{output.FIGURES}/, and each listed run's records under runs/) to DIR, e.g. "
+        "results/NAME to commit; a NOTES.md there is kept",
     )
     p.add_argument(
         "--report-only",
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _publish(name: str, folder: StudyDir, dest: str) -> None:
-    """Copy the study ``name`` in ``folder``, without its runs, to ``dest``."""
+    """Copy the study ``name`` in ``folder``, without its runs' weights, to ``dest``."""
     held = folder.previous().get("name")
     if held is not None and held != name:
         raise AttnlabError(

@@ -163,6 +163,8 @@ def is_data_folder(folder: Path) -> bool:
     return (folder / META_FILE).is_file()
 
 
+DEFAULT_VAL_FRACTION = 0.1  # the tail of each document held out, unless --val-fraction
+
 # what prepare writes (besides attnlab.fsutil's manifest): a file it adds must be named here
 DATA_FILES = ("train.bin", "val.bin", TOKENIZER_FILE, META_FILE)
 
@@ -178,7 +180,7 @@ def prepare(
     tokenizer: str | None = None,
     vocab_size: int | None = None,
     out: str | Path | None = None,
-    val_fraction: float = 0.1,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
     overwrite: bool = False,
     progress: bool = False,
     tokenizer_sample: int | None = None,
@@ -209,6 +211,17 @@ def prepare(
             raise AttnlabError("preparing a custom corpus needs an output folder (--out)")
         out = default_data_dir(tokenizer, vocab_size, named[0])
     out = Path(out).expanduser()
+    shipped = shipped_default(out)
+    if shipped is not None and (
+        given is not None
+        or list(sources or [EMBEDDED]) != [shipped["corpus"]]
+        or default_data_dir(tokenizer, vocab_size, shipped["corpus"]) != out
+        or val_fraction != DEFAULT_VAL_FRACTION
+    ):  # presets and studies would train on it as that corpus
+        raise AttnlabError(
+            f"--out {out} is where attnlab keeps the shipped corpus {_shipped_name(shipped)}, "
+            "which presets and studies train on; name another folder"
+        )
     corpus = CorpusStream(sources, val_fraction, chunk)
     names = ", ".join(corpus.sources)
     # written beside ``out`` and swapped in: a reader never sees a half-written dataset
@@ -621,13 +634,45 @@ def prepare_once(out: Path, corpus: str = EMBEDDED, **options: Any) -> None:
             prepare([corpus], out=out, **options)
 
 
+def _shipped_name(shipped: dict[str, Any]) -> str:
+    """``shakespeare_char``, ``shakespeare (bpe, vocab 2048)``: a shipped_default, in words."""
+    tokenizer = shipped.get("tokenizer")
+    return shipped["corpus"] + (
+        f" ({tokenizer}, vocab {shipped['vocab_size']})" if tokenizer else ""
+    )
+
+
+def _refuse_other_data(data_dir: Path, meta: dict[str, Any], shipped: dict[str, Any]) -> None:
+    """Refuse a shipped corpus's default folder that holds other data (prepared there by hand
+    before prepare refused it): presets and studies would train on it as that corpus."""
+    provenance = meta.get("provenance") or {}
+    held = {
+        "corpus": provenance.get("name"),
+        "tokenizer": meta.get("tokenizer"),
+        "vocab_size": meta.get("vocab_size"),
+        "val_fraction": provenance.get("val_fraction"),
+    }
+    want = {"tokenizer": "char", "vocab_size": held["vocab_size"], **shipped}
+    want["val_fraction"] = DEFAULT_VAL_FRACTION
+    # a field an older prepare did not record is not held against the folder
+    if any(value is not None and value != want[key] for key, value in held.items()):
+        raise AttnlabError(
+            f"{data_dir} is the folder of the shipped corpus {_shipped_name(shipped)} but holds "
+            f"{held['corpus']} ({held['tokenizer']}, vocab {held['vocab_size']}, val fraction "
+            f"{held['val_fraction']}); move it away: the corpus is prepared there again on "
+            "first use"
+        )
+
+
 def load_dataset(data_dir: str | Path | None = None) -> Dataset:
     """Load a prepared folder; ``None`` is the embedded char corpus, prepared on first use."""
     data_dir = default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-    shipped = None if is_data_folder(data_dir) else shipped_default(data_dir)
-    if shipped is not None:
+    shipped = shipped_default(data_dir)
+    if shipped is not None and not is_data_folder(data_dir):
         prepare_once(data_dir, **shipped)
     meta = read_meta(data_dir)
+    if shipped is not None:
+        _refuse_other_data(data_dir, meta, shipped)
     tok = Tokenizer.load(data_dir / TOKENIZER_FILE)
     vocab_size = meta["vocab_size"]
     if tok.vocab_size != vocab_size:

@@ -119,6 +119,10 @@ class StudyDir:
         one holds the records of its finished runs)."""
         return any((self.path / RUNS).glob("*/seed*"))
 
+    def has_weights(self) -> bool:
+        """Whether a run folder here holds its model (a published copy's hold records only)."""
+        return any(has_weights(run) for run in (self.path / RUNS).glob("*/seed*"))
+
     def in_use(self) -> str | None:
         """Who runs a study in the folder now ("PID N", or "" unnamed), None when no one."""
         return RunLock(self.path, user="study").holder()
@@ -167,7 +171,16 @@ class StudyDir:
                     "published copy carries it)"
                 )
             raise AttnlabError(f"{self.path} holds no {STUDY_JSON}; run the study first")
-        return self.previous()
+        path = self.path / STUDY_JSON
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise AttnlabError(
+                f"cannot read {path}: {e}; restore it as the study wrote it"
+            ) from None
+        if not isinstance(held, dict):
+            raise AttnlabError(f"{path} is not a study's record (a table); restore it")
+        return held
 
     def read_results(self) -> dict[str, Any]:
         """results.json, to report a study again without its runs."""
@@ -212,6 +225,16 @@ class StudyDir:
                 f"--publish {given!r} must name a folder, not the current or parent one"
             )
         record = self.written()
+        # the records of the runs results.json lists (one finished since is not in the copy's)
+        listed = (
+            [
+                self.run_dir(r["variant"], r["seed"])
+                for r in self.read_results()["runs"]
+                if r["status"] == "ok"
+            ]
+            if (self.path / RESULTS_JSON).is_file()
+            else []
+        )
         here, there = self.path.resolve(), dest.resolve()
         if there == here or here in there.parents:
             raise AttnlabError(
@@ -237,7 +260,7 @@ class StudyDir:
                         shutil.copytree(source, tmp / source.name, symlinks=True)
                     elif source.is_file() or source.is_symlink():
                         shutil.copy2(source, tmp / source.name, follow_symlinks=False)
-                for run in sorted((self.path / RUNS).glob("*/seed*")):
+                for run in listed:
                     if finished_summary(run) is not None:
                         copy_records(run, tmp / run.relative_to(self.path))
         finally:
@@ -264,8 +287,15 @@ def _run_problem(run: Any) -> str | None:
         return f"({run['variant']} seed {run['seed']}) has status {run.get('status')!r}, not ok or failed"
     for key in ("val_loss", "best_val_loss", "iters", "wall_s", "sec_per_step", "params"):
         value = run.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            return f"({run['variant']} seed {run['seed']}) has {key} {value!r}, not a number"
+        if value is None:
+            continue  # not measured, or not a number (written as null)
+        whole = key in ("iters", "params")
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            return f"({run['variant']} seed {run['seed']}) has {key} {value!r}, not a " + (
+                "whole number" if whole else "number"
+            )
+        if value < 0:  # a loss, a count or a time: none of them is negative
+            return f"({run['variant']} seed {run['seed']}) has {key} {value!r}, below 0"
     return None
 
 

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from attnlab.config import SEED_LIMIT
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
@@ -30,6 +29,8 @@ from attnlab.train.environment import process_git_state
 
 # what a kind computes again when a study is reported again; the rest of study.json is kept
 _REBUILT = ("variants", "run_commits")
+
+STUDY_SEEDS = 10_000  # seeds 0 .. n - 1, each a training seed (< SEED_LIMIT)
 
 
 def run_study(
@@ -144,8 +145,8 @@ def _prepared(
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
-    if n_seeds > SEED_LIMIT:  # the seeds are 0 .. n - 1, each a valid training seed
-        raise AttnlabError(f"--seeds must be at most {SEED_LIMIT} (got {n_seeds})")
+    if n_seeds > STUDY_SEEDS:  # a run folder (and a plan row) per variant and seed
+        raise AttnlabError(f"--seeds must be at most {STUDY_SEEDS:,} (got {n_seeds:,})")
     kind = KINDS[spec.kind]
     kind.check(spec, preset)
     # a missing or unprepared folder fails here, not in every run once the study folder is made
@@ -235,6 +236,8 @@ def _check_record(
     spec.scale(preset)
     if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
         raise AttnlabError(f"{where} has seeds {seeds!r}, not a list of whole numbers")
+    if len(set(seeds)) < len(seeds):
+        raise AttnlabError(f"{where} has seeds {seeds!r}, one of them twice; restore it")
     seen = set()
     for run in runs:
         what = f"{run['variant']} seed {run['seed']}"
@@ -250,6 +253,15 @@ def _check_record(
         if (run["variant"], run["seed"]) in seen:
             raise AttnlabError(f"{folder.path / RESULTS_JSON}: run {what} is listed twice")
         seen.add((run["variant"], run["seed"]))
+    for name in spec.variants:  # a finished run left out would vanish from the report
+        for seed in seeds:
+            finished = finished_summary(folder.run_dir(name, seed)) is not None
+            if finished and (name, seed) not in seen:
+                raise AttnlabError(
+                    f"{folder.path / RESULTS_JSON} does not list the finished run {name} seed "
+                    f"{seed}; restore it, or run the study command again (it lists every "
+                    "finished run)"
+                )
 
 
 def _git_fields(git: dict[str, Any]) -> dict[str, Any]:
@@ -282,10 +294,10 @@ def _donors(paths: list[str | Path], out: StudyDir) -> list[StudyDir]:
             raise AttnlabError(f"--reuse-from {path}: not a study folder (no {STUDY_JSON})")
         if donor.path.resolve() == out.path.expanduser().resolve():
             raise AttnlabError(f"--reuse-from {path} is this study's --out; name another study")
-        if not donor.has_runs():
+        if not donor.has_weights():
             raise AttnlabError(
-                f"--reuse-from {path} holds no runs (a published copy?); name the study folder "
-                "that trained them"
+                f"--reuse-from {path} holds no run with its weights (a published copy?); name "
+                "the study folder that trained them"
             )
         donors.append(donor)
     return donors

@@ -119,6 +119,9 @@ class StudySpec:
             raise AttnlabError(
                 f"--variants: kind = {self.kind!r} studies train no variants; leave it out"
             )
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise AttnlabError(f"--variants names {twice!r} twice; name each variant once")
         unknown = [n for n in names if n not in self.variants]
         if unknown:
             raise AttnlabError(

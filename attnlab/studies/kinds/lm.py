@@ -19,7 +19,7 @@ import torch
 from attnlab.data.prepare import default_data_dir, is_data_folder, load_dataset, shipped_default
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
-from attnlab.rundir import copied_from, copy_run, finished_summary
+from attnlab.rundir import copied_from, copy_run, finished_summary, has_weights
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
@@ -245,7 +245,8 @@ class LanguageModel:
         for job in _jobs(study, first, {}):
             if Path(job.run_dir).exists():
                 continue
-            candidates = [r for d in donors for r in d.seed_runs(job.seed)]
+            # a run of a published copy holds its records only: nothing to copy a model from
+            candidates = [r for d in donors for r in d.seed_runs(job.seed) if has_weights(r)]
             # one trained at this code state first: a copy of another is refused as mixed
             candidates.sort(key=lambda r: provenance.run_states(r) != now)
             found = identical_run(job, candidates)
