@@ -126,6 +126,11 @@ def test_a_plan_of_a_started_study_says_what_is_done(
         for line in lines
     )
     assert lines[-1].startswith("left: 1 runs, about ")
+    # what the estimate leaves out: at the ci scale a run's start-up is most of its time
+    assert lines[-1].endswith(
+        "(evaluation included; each run's start-up, checkpoints and analyses not; other work "
+        "on it stretches this)"
+    )
     assert json.loads((out / "study.json").read_text())["wallclock"]["base-wallclock"]["iters"] == 5
 
 

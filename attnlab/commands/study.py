@@ -207,5 +207,6 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         return
     print(
         f"left: {len(left)} runs, about {duration(plan['seconds_left'])} one after another on "
-        "this machine as it is now (evaluation included; other work on it stretches this)"
+        "this machine as it is now (evaluation included; each run's start-up, checkpoints and "
+        "analyses not; other work on it stretches this)"
     )
