@@ -332,9 +332,13 @@ class Tokenizer:
             start = match.end()
         return ids + self._encode_chars(text[start:]).tolist()
 
-    def _encode_chars(self, text: str) -> np.ndarray:
+    def _char_ids(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """A char tokenizer's ids of ``text`` (-1 for a character it lacks) and the codes."""
         codes = _codes(text)
-        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        return self._ids[np.minimum(codes, len(self._ids) - 1)], codes
+
+    def _encode_chars(self, text: str) -> np.ndarray:
+        ids, codes = self._char_ids(text)
         unknown = ids < 0
         if unknown.any():
             bad = sorted({chr(c) for c in codes[unknown]})
@@ -346,8 +350,7 @@ class Tokenizer:
         ones; a bpe's that encode as <unk> alone or doubled (at a word's start, and inside one);
         none for byte-level BPE."""
         if self.kind == "char":
-            codes = _codes("".join(chars))
-            ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+            ids, codes = self._char_ids("".join(chars))
             return [chr(c) for c in codes[ids < 0]]
         unk = self.hf.token_to_id(UNK)
         if unk is None:
