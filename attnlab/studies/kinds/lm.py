@@ -133,28 +133,23 @@ class LanguageModel:
 
         # The runs that finished earlier (a kept wall-clock budget's too) at once, here, in
         # one report: a resumed study's report never lists fewer runs than it had.
+        kept_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
         earlier = [
-            job
-            for job in first_jobs + _jobs(study, list(budgets), _budget_iters(budgets))
-            if finished_summary(job.run_dir) is not None
+            job for job in first_jobs + kept_jobs if finished_summary(job.run_dir) is not None
         ]
         if earlier:
             publish([train_one(job) for job in earlier])
         done = {job.run_dir for job in earlier}
-        left = [job for job in first_jobs if job.run_dir not in done]
-        run_all(train_one, left, study.jobs, on_done)
+        run_all(train_one, [j for j in first_jobs if j.run_dir not in done], study.jobs, on_done)
+        timed: dict[str, Any] = {}  # the budgets timed now, after the runs they are timed from
         for name in clocked:
             v = spec.variants[name]
             if name not in budgets and spec.trains(name):
                 budget = wallclock_budget(study, runs, v.matches or "", v.clock_of or "")
                 if budget is not None:
-                    budgets[name] = budget
-        left = [
-            job
-            for job in _jobs(study, list(budgets), _budget_iters(budgets))
-            if job.run_dir not in done
-        ]
-        run_all(train_one, left, study.jobs, on_done)
+                    budgets[name] = timed[name] = budget
+        later = kept_jobs + _jobs(study, list(timed), _budget_iters(timed))
+        run_all(train_one, [j for j in later if j.run_dir not in done], study.jobs, on_done)
         for name in clocked:
             if name not in budgets and spec.trains(name):
                 runs += [
