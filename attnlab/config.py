@@ -254,10 +254,10 @@ class ModelConfig(_Serialisable):
 
 
 # how a training field stands to a run already under way (its ON_RESUME metadata): a FIXED one
-# is drawn on once, at the start (the model and batch stream from seed, the val batches from
-# eval_seed and eval_iters), so a resume could record another value but never honour it; an
-# INCIDENTAL one leaves the run's arithmetic alone, so a study may resume or reuse a run with
-# another value
+# is drawn on once, at the start (the model and batch stream from seed and batch_size, the val
+# batches from eval_seed and eval_iters), so a resume could record another value but never
+# honour it; an INCIDENTAL one leaves the run's arithmetic alone, so a study may resume or
+# reuse a run with another value
 ON_RESUME, FIXED, INCIDENTAL = "on_resume", "fixed", "incidental"
 
 
@@ -270,7 +270,7 @@ class TrainConfig(_Serialisable):
     """The optimisation recipe. Defaults are nanoGPT's train.py with a small char-level model in mind."""
 
     max_iters: int = 5000
-    batch_size: int = 64
+    batch_size: int = _on_resume(FIXED, 64)  # the batch stream's shape
     gradient_accumulation_steps: int = 1
     learning_rate: float = 1e-3
     min_lr: float = 1e-4

@@ -317,18 +317,44 @@ def refuse_foreign(
 def write_json(path: Path, data: Any) -> None:
     """Write JSON via a temporary file and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a no-op once renamed
 
 
 def disk_full(path: Path) -> bool:
-    """Whether the file system of ``path`` has no space left: what tells a failed write there
-    that does not say ENOSPC (numpy's "720002 requested and 524288 written", torch's
-    "unexpected pos") from other failures."""
+    """Whether the file system of ``path`` has no space left."""
     try:
         return shutil.disk_usage(path).free == 0
     except OSError:
         return False
+
+
+def out_of_space(e: BaseException, path: Path) -> bool:
+    """Whether the failure ``e`` of a write under ``path`` is a full disk. Writers say so in
+    their own ways: an OSError's ENOSPC, the tokenizers library a plain Exception naming
+    "os error 28", numpy an errno-less OSError ("720002 requested and 524288 written"), torch a
+    RuntimeError ("unexpected pos"), so a file system with nothing left also counts."""
+    if isinstance(e, AttnlabError) or not isinstance(e, Exception):
+        return False
+    if getattr(e, "errno", None) == errno.ENOSPC or "os error 28" in str(e):
+        return True
+    return disk_full(path)
+
+
+@contextlib.contextmanager
+def full_disk_in_one_line(folder: Path) -> Iterator[None]:
+    """Turn a full disk while writing under ``folder`` into its one-line AttnlabError. Only for
+    writers that replace each file by rename (write_json, checkpoints, appended rows), so that
+    what ``folder`` held is whole."""
+    try:
+        yield
+    except Exception as e:
+        if out_of_space(e, folder):
+            raise AttnlabError(no_space_message(folder)) from e
+        raise
 
 
 def no_space_message(path: Path | str) -> str:
@@ -478,11 +504,7 @@ def replace_folder(
         fsync_tree(tmp)
         swap_in(tmp, out)
     except Exception as e:
-        # torch.save says "unexpected pos" (a RuntimeError), numpy an errno-less OSError: on a
-        # full file system a writer's failure is that
-        if not isinstance(e, AttnlabError) and (
-            getattr(e, "errno", None) == errno.ENOSPC or disk_full(tmp)
-        ):
+        if out_of_space(e, tmp):
             raise AttnlabError(no_space_message(out)) from e
         raise
     finally:

@@ -84,8 +84,10 @@ class RunLock:
     def held(self) -> bool:
         return self.file is not None
 
-    def acquire(self) -> None:
-        """Take the lock (creating the folder), or raise naming the process that holds it."""
+    def acquire(self, record: bool = True) -> None:
+        """Take the lock (creating the folder), or raise naming the process that holds it;
+        ``record=False``: the PID is written later (``record``), once the holder is sure to go
+        on, so that a refusal leaves the file as it was."""
         if self.held or fcntl is None:
             return
         try:
@@ -110,12 +112,17 @@ class RunLock:
                 f"{self.run_dir} is in use by another {self.user}{who}; "
                 "wait for it to finish or stop it, or choose another folder"
             ) from None
-        if self.record_pid:
-            f.seek(0)
-            f.truncate()
-            f.write(f"{os.getpid()}\n")
-            f.flush()
         self.file = f
+        if record:
+            self.record()
+
+    def record(self) -> None:
+        """Write this process's PID into the held lock's file (unless made ``record_pid=False``)."""
+        if self.file is not None and self.record_pid:
+            self.file.seek(0)
+            self.file.truncate()
+            self.file.write(f"{os.getpid()}\n")
+            self.file.flush()
 
     def holder(self) -> str | None:
         """Who holds the lock now, without taking it or writing anything: "" or "PID N" while
@@ -238,6 +245,11 @@ class RunDir:
             )
         except AttnlabError as e:  # e.g. a field of the wrong type
             raise AttnlabError(f"cannot resume {self.path}: {self.config}: {e}") from None
+
+    def train_keys(self) -> set[str]:
+        """The training fields config.json names (read_config fills in the defaults of the
+        rest: fields an older attnlab did not have); call after read_config."""
+        return set(json.loads(self.config.read_text())["train"])
 
     def write_config(self, config: RunConfig) -> None:
         write_json(self.config, config.to_dict())

@@ -726,8 +726,12 @@ def test_resume_keeps_its_own_data_preset_and_config(train_tiny, attnlab, other_
     p = attnlab("train", "--resume", str(run), "seed=5", "eval_iters=1", "max_iters=12")
     assert error_line(p, "train") == (
         "cannot change on resume: eval_iters=1 (the run's: 4), seed=5 (the run's: 1337); a run "
-        "keeps the seed its weights and batches came from, and the validation batches its val "
-        "losses and best/ compare (to score other batches: attnlab eval)"
+        "keeps the seed and batch size its weights and batches came from, and the validation "
+        "batches its val losses and best/ compare (to score other batches: attnlab eval)"
+    )
+    p = attnlab("train", "--resume", str(run), "batch_size=4")  # was: "sampler state has ..."
+    assert error_line(p, "train").startswith(
+        "cannot change on resume: batch_size=4 (the run's: 8); a run keeps the seed and batch "
     )
     assert snapshot(run) == before
     assert attnlab("train", "--resume", str(run), "seed=1337", "eval_seed=2024").returncode == 0
@@ -861,10 +865,30 @@ def _latest_tokenizer_emptied(run: Path) -> str:
     )
 
 
+def _metrics_header_text(run: Path) -> str:
+    """Accepted: the rows written under that header lost every value."""
+    (run / "metrics.csv").write_text("hello world\nfoo,bar\n")
+    return (
+        f"{run / 'metrics.csv'} is not a metrics table (its header is 'hello world', not "
+        "iter,train_loss,val_loss,...); repair or remove it to resume"
+    )
+
+
+def _config_lost_train_field(run: Path) -> str:
+    """Accepted: the default warmup filled in, and written back as the run's."""
+    config = json.loads((run / "config.json").read_text())
+    del config["train"]["warmup_iters"]
+    (run / "config.json").write_text(json.dumps(config))
+    return (
+        f"cannot resume {run}: {run / 'config.json'} has no train warmup_iters (latest/ trained "
+        "with 5); restore it as the run wrote it"
+    )
+
+
 @pytest.mark.parametrize(
     "damage",
-    [_metrics_garbage, _config_not_objects, _config_bad_field, _config_bad_mechanism_field,
-     _latest_tokenizer_emptied],
+    [_metrics_garbage, _metrics_header_text, _config_not_objects, _config_bad_field,
+     _config_bad_mechanism_field, _config_lost_train_field, _latest_tokenizer_emptied],
 )  # fmt: skip
 def test_resume_of_a_damaged_run_gets_one_line(attnlab, train_tiny, tmp_path: Path, damage):
     from test_folder_safety import snapshot

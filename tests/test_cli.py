@@ -45,6 +45,7 @@ def test_train_sample_eval_round_trip(tmp_path: Path, tiny_data: Path) -> None:
     ev = run_cli("eval", str(run))
     assert ev.returncode == 0, ev.stderr
     result = json.loads(ev.stdout)
+    assert result["checkpoint"] == str(run / "best")  # which one it scored: best/, else latest/
     assert (
         result["split"] == "val"
         and abs(result["perplexity"] - 2.718281828 ** result["loss"]) < 1e-3

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, interrupt_cli, run_cli
+from conftest import ROOT, interrupt_cli, run_cli, tiny_model, tiny_train
 from safetensors.torch import load_file
+from test_folder_safety import snapshot
 
 from attnlab.errors import AttnlabError
 from attnlab.train import checkpoint as ckpt
@@ -125,6 +126,36 @@ def test_sigkill_at_several_points_then_resume_is_bit_identical(tiny_data: Path,
     assert [untimed(r) for r in got_rows] == [untimed(r) for r in want_rows]
 
 
+def test_checkpoints_and_resumes_leave_the_logged_train_loss_alone(
+    train_tiny, tiny_data: Path, tmp_path: Path
+):
+    """A checkpoint (every ckpt_interval, or the one an interrupt adds) cuts the loss window
+    mid-row: the row's loss is the same float32 sum wherever the cuts fall."""
+    from attnlab.train.trainer import Trainer
+
+    recipe = {"max_iters": 20, "log_interval": 4}
+    for name, interval in (("every-5", 5), ("every-3", 3)):
+        train_tiny(tmp_path / name, ckpt_interval=interval, **recipe)
+    cut = Trainer(
+        tmp_path / "cut", tiny_model(), tiny_train(ckpt_interval=3, **recipe), tiny_data, quiet=True
+    )
+    update = cut._update
+
+    def ctrl_c_at_iter_7() -> None:  # as the signal handler does, mid-row
+        update()
+        cut.stop_requested = signal.SIGINT if cut.state.iter == 6 else 0
+
+    cut._update = ctrl_c_at_iter_7
+    with pytest.raises(KeyboardInterrupt):
+        cut.run()
+    assert saved_iter(tmp_path / "cut" / "latest") == 7
+    Trainer.resume(tmp_path / "cut", quiet=True).run()
+    want = [untimed(r) for r in metrics(tmp_path / "every-5")]
+    assert sum(bool(r["train_loss"]) for r in want) == 5  # iters 4, 8, 12, 16, 20
+    for name in ("every-3", "cut"):
+        assert [untimed(r) for r in metrics(tmp_path / name)] == want, name
+
+
 def test_resume_before_the_first_checkpoint_says_so(tiny_data: Path, tmp_path: Path):
     from conftest import tiny_model, tiny_train
 
@@ -145,6 +176,10 @@ def _eacces(*args, **kwargs):
     raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
 
+def _tokenizers_enospc(*args, **kwargs):
+    raise Exception("No space left on device (os error 28)")  # the tokenizers library's words
+
+
 def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
@@ -163,6 +198,7 @@ NOT_WRITTEN = "could not write checkpoint {latest} ({reason}); the previous chec
     [
         ("attnlab.train.checkpoint.write_bytes", _enospc, NO_SPACE),  # weights or trainer state
         ("pathlib.Path.write_text", _enospc, NO_SPACE),  # config.json
+        ("attnlab.data.tokenizer.Tokenizer.save", _tokenizers_enospc, NO_SPACE),  # a traceback
         ("pathlib.Path.mkdir", _eacces, NOT_WRITTEN.replace("{reason}", "Permission denied")),
         ("attnlab.train.checkpoint.fsync_tree", _interrupt, None),  # Ctrl-C while writing
         ("attnlab.train.checkpoint._kill_hook", _interrupt_mid_swap, None),  # Ctrl-C mid-swap
@@ -207,6 +243,23 @@ def test_cli_reports_a_full_disk_in_one_line(tiny_data, tmp_path, monkeypatch, c
         "nothing was lost"
     )
     assert saved_iter(run / "latest") == 3
+
+
+def test_a_full_disk_under_overwrite_names_the_run_not_its_temp(
+    tiny_data, tmp_path, monkeypatch, capsys
+):
+    from attnlab.cli import main
+
+    run = tmp_path / "run"
+    assert main(train_cmd(tiny_data, run)) == 0
+    before = snapshot(run)
+    monkeypatch.setattr(ckpt, "write_model_folder", _enospc)
+    assert main([*train_cmd(tiny_data, run), "--overwrite"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"attnlab train: error: no space left on device while writing {run / 'latest'}; "
+        "nothing was lost"
+    )  # was: ... while writing .run.tmp-PID/latest
+    assert snapshot(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_resume_drops_metrics_rows_after_the_checkpoint_and_a_torn_row(tmp_path: Path):
@@ -335,6 +388,47 @@ def test_a_full_disk_while_logging_says_so_and_keeps_the_checkpoint(
     assert saved_iter(run / "latest") == 9  # written before the failed row, and complete
     assert leftovers(run) == []
     ckpt.load_pretrained(run / "latest")
+
+
+def test_a_full_disk_as_a_resume_starts_says_so_and_leaves_no_temp_file(
+    train_tiny, tmp_path: Path, monkeypatch
+):
+    """The resume's config.json rewrite, before training, met a full disk with a traceback
+    and left .config.json.tmp behind; metrics.csv's rewrite left .metrics.csv.tmp."""
+    from attnlab.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    train_tiny(run, until=6, max_iters=12, ckpt_interval=3)
+    before = snapshot(run)
+    full = f"no space left on device while writing {run}; nothing was lost"
+    with monkeypatch.context() as m:
+        m.setattr("os.replace", _enospc)  # config.json's
+        with pytest.raises(AttnlabError) as err:
+            Trainer.resume(run, quiet=True)
+    assert str(err.value) == full
+    assert snapshot(run) == before
+    trainer = Trainer.resume(run, quiet=True)
+    before = snapshot(run)
+    with monkeypatch.context() as m:
+        m.setattr("pathlib.Path.replace", _enospc)  # metrics.csv's, as training starts
+        with pytest.raises(AttnlabError) as err:
+            trainer.run()
+    assert str(err.value) == full
+    assert snapshot(run) == before
+
+
+def test_a_refused_resume_leaves_the_lock_file_as_it_was(train_tiny, tmp_path: Path):
+    """The refusal was the only thing to write: the lock file got its PID."""
+    from test_bad_input import error_line
+
+    run = tmp_path / "run"
+    train_tiny(run, until=6, max_iters=12, ckpt_interval=3)
+    (run / ".attnlab.lock").write_text("1\n")  # the PID of the run's last trainer
+    p = run_cli("train", "--resume", str(run), "batch_size=4", env=ENV)
+    assert error_line(p, "train").startswith("cannot change on resume: batch_size=4")
+    assert (run / ".attnlab.lock").read_text() == "1\n"
+    p = run_cli("train", "--resume", str(run), "max_iters=3", env=ENV)  # refused under the lock
+    assert p.returncode == 2 and (run / ".attnlab.lock").read_text() == "1\n"
 
 
 def test_resume_hides_the_tensorboard_points_logged_after_the_checkpoint(

@@ -606,6 +606,29 @@ def test_verify_says_in_one_line_what_it_checked(attnlab, data: Path, tmp_path: 
     assert error_line(p, "verify") == f"{tmp_path / 'corpus.txt'} is not a folder"
 
 
+def test_verify_says_when_a_run_cannot_be_resumed(attnlab, data: Path, tmp_path: Path):  # noqa: F811
+    """Both said "ok" as for a whole run, and resume refused them."""
+    import shutil
+
+    run = tmp_path / "run"
+    assert attnlab("train", "--data", str(data), "--out", str(run), *TINY).returncode == 0
+    (run / "latest" / "config.json").unlink()
+    before = snapshot(tmp_path)
+    p = attnlab("verify", str(run))
+    assert error_line(p, "verify") == (
+        f"{run / 'latest'} is not a complete checkpoint (no config.json and weights); restore "
+        "it, or it cannot be resumed"
+    )
+    assert snapshot(tmp_path) == before
+    shutil.rmtree(run / "latest")
+    p = attnlab("verify", str(run))
+    assert p.returncode == 0 and p.stdout == (
+        f"ok: {run}: run: best/ whole and the model its config.json names; {data.resolve()} "
+        "holds the data it recorded; no latest/, so it cannot be resumed (train --init-from "
+        "its best/ can start anew)\n"
+    )
+
+
 def test_a_large_bin_changed_in_place_is_found_by_verify(
     attnlab,  # noqa: F811
     data: Path,

@@ -49,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
             f"{data_dir} no longer holds the data {args.model} was trained on ({change}); "
             "restore that data, or pass --data"
         )
+    folder = model_folder(args.model)  # a run's best/, else its latest/: named in the output
     # an export's added tokens (never trained, never in the data) are not scored against
-    added = added_token_ids(model_folder(args.model))
+    added = added_token_ids(folder)
     result = split_loss(
         model, getattr(data, args.split), args.batch_size, progress=True, excluded=added
     )
-    print(json.dumps({"split": args.split, **result}, indent=2))
+    print(json.dumps({"checkpoint": str(folder), "split": args.split, **result}, indent=2))
     return 0

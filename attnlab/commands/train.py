@@ -126,12 +126,15 @@ def run(args: argparse.Namespace) -> int:
             )
             # no manifest: resumes and analyses add to a run after it is written
             with lock, replace_folder(out, "run folder", overwrite=True, manifest=False) as tmp:
-                trainer = new_trainer(tmp, spec, start)
-                trainer.after_interrupt = (
-                    f"the new run is discarded and {out} is unchanged (--overwrite replaces it "
-                    "only with a finished run)"
-                )
-                status = run_to_end(trainer, spec.preset)
+                try:
+                    trainer = new_trainer(tmp, spec, start)
+                    trainer.after_interrupt = (
+                        f"the new run is discarded and {out} is unchanged (--overwrite replaces "
+                        "it only with a finished run)"
+                    )
+                    status = run_to_end(trainer, spec.preset)
+                except AttnlabError as e:  # named as the run it was to become, not its temp
+                    raise AttnlabError(str(e).replace(str(tmp), str(out))) from e.__cause__
             print(f"replaced {out} with the new run", file=sys.stderr)
             return status
         trainer, name = new_trainer(out, spec, start), spec.preset

@@ -13,7 +13,6 @@ the two renames, ``checkpoint_dir`` finds the old one under its aside name.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import itertools
@@ -39,6 +38,7 @@ from attnlab.fsutil import (
     fsync_tree,
     holds_only,
     no_space_message,
+    out_of_space,
     remove_stale_temps,
     swap_in,
     write_manifest,
@@ -198,8 +198,9 @@ def save_checkpoint(
         # is renamed back if the swap fails
         swap_in(tmp, folder, aside, between=lambda: _kill_hook("swap", save_number))
     except BaseException as e:  # a full disk, a bug, Ctrl-C: the previous one stays
+        full = out_of_space(e, folder.parent)  # before the space tmp held is freed
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if full:
             raise AttnlabError(no_space_message(folder)) from e
         if not isinstance(e, OSError | RuntimeError):
             raise

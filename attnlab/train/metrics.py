@@ -26,14 +26,19 @@ TB_EVENTS_PREFIX = "events.out.tfevents."  # the files TensorBoard's writer adds
 
 
 def read_rows(path: Path) -> list[list[str]]:
-    """metrics.csv's rows; a file that is not UTF-8 text (a damaged one) is one error line."""
+    """metrics.csv's rows; a file that is not UTF-8 text, or whose header is not a metrics
+    header (a damaged one: rows written under it would lose their values), is one error line."""
     try:
         with path.open(encoding="utf-8") as f:
-            return list(csv.reader(f))
+            rows = list(csv.reader(f))
     except (UnicodeDecodeError, csv.Error) as e:
-        raise AttnlabError(
-            f"{path} is not a metrics table ({e}); repair or remove it to resume"
-        ) from None
+        problem = str(e)
+    else:
+        header = rows[0] if rows else METRIC_COLUMNS
+        if header[:1] == ["iter"] and set(METRIC_COLUMNS[:3]) <= set(header):
+            return rows
+        problem = f"its header is {','.join(header)[:60]!r}, not iter,train_loss,val_loss,..."
+    raise AttnlabError(f"{path} is not a metrics table ({problem}); repair or remove it to resume")
 
 
 def val_losses(path: Path) -> dict[int, float]:
@@ -86,9 +91,12 @@ class MetricsLog:
             if int(row[0]) <= it:
                 kept.append(row)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w", newline="") as f:
-            csv.writer(f).writerows(kept)
-        tmp.replace(self.path)  # a kill mid-rewrite leaves the old file, not half of it
+        try:
+            with tmp.open("w", newline="") as f:
+                csv.writer(f).writerows(kept)
+            tmp.replace(self.path)  # a kill mid-rewrite leaves the old file, not half of it
+        finally:
+            tmp.unlink(missing_ok=True)  # a no-op once renamed
 
     def write(self, row: dict[str, Any], final: bool = False) -> None:
         if self.columns is None and "train_loss" not in row and not final:

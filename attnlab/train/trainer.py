@@ -10,7 +10,6 @@ Interrupted and resumed on CPU, a run ends bit-identical to one never interrupte
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import gc
 import math
@@ -21,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from attnlab.device import (
     synchronize,
 )
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import no_space_message, remove_stale_temps
+from attnlab.fsutil import full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.rundir import (
@@ -155,7 +154,18 @@ class Trainer:
         """Continue the run in ``run_dir`` from latest/ with its saved configs; ``overrides`` may
         change training fields (a longer ``max_iters``, say) but not the model. ``data``: where
         the run's data is now (moved, or on another machine), checked against its fingerprint."""
-        saved = RunDir(run_dir).read_config()
+        run = RunDir(run_dir)
+        saved = run.read_config()
+        latest = ckpt.checkpoint_dir(run.latest)
+        recorded = ckpt.read_train_config(latest) if latest is not None else {}
+        known = {f.name for f in fields(TrainConfig)}
+        lost = sorted((recorded.keys() & known) - run.train_keys())
+        if lost:  # deleted by hand: the default filled in would silently train the rest
+            raise AttnlabError(
+                f"cannot resume {run_dir}: {run.config} has no train "
+                + ", ".join(f"{k} (latest/ trained with {recorded[k]!r})" for k in lost)
+                + "; restore it as the run wrote it"
+            )
         if data is None and not Path(saved.data).is_dir():
             raise AttnlabError(
                 f"cannot resume {run_dir}: its data folder {saved.data} is gone (moved, or the "
@@ -175,9 +185,9 @@ class Trainer:
         ]
         if changed:  # written into config.json, they would have described another run
             raise AttnlabError(
-                f"cannot change on resume: {', '.join(changed)}; a run keeps the seed its "
-                "weights and batches came from, and the validation batches its val losses and "
-                "best/ compare (to score other batches: attnlab eval)"
+                f"cannot change on resume: {', '.join(changed)}; a run keeps the seed and "
+                "batch size its weights and batches came from, and the validation batches its "
+                "val losses and best/ compare (to score other batches: attnlab eval)"
             )
         return cls(
             run_dir,
@@ -281,7 +291,7 @@ class Trainer:
             try:
                 if resumed is None:  # refused before the lock file is touched: nothing changes
                     self._refuse_a_started_run()
-                self.lock.acquire()
+                self.lock.acquire(record=resumed is None)  # a resume's, once it goes on
             except AttnlabError as e:
                 refused = str(e)
         # every rank stops on rank 0's refusal (the others went on into DDP and died there with
@@ -289,11 +299,18 @@ class Trainer:
         refused = distributed.from_rank0(refused, self.dist)
         if refused is not None:
             raise AttnlabError(refused)
-        if resumed is not None:
-            self._load_latest(resumed)
-        elif self.dist.is_main:
-            self._start_run_dir()
-        self._distribute(make_optimizer)
+        try:
+            with full_disk_in_one_line(self.run_dir):
+                if resumed is not None:
+                    self._load_latest(resumed)
+                    self.lock.record()
+                elif self.dist.is_main:
+                    self._start_run_dir()
+            self._distribute(make_optimizer)
+        except BaseException:  # refused: the folder is free again for the next trainer
+            if lock is None:
+                self.lock.release()
+            raise
         self.forward_model = torch.compile(self.wrapped) if train_config.compile else self.wrapped
 
     def _distribute(self, make_optimizer: Callable[[], torch.optim.Optimizer]) -> None:
@@ -677,12 +694,8 @@ class Trainer:
             self.lock.acquire()
         self.stop_requested = 0
         try:
-            with self._stop_on_interrupt():
+            with self._stop_on_interrupt(), full_disk_in_one_line(self.run_dir):
                 return self._run(until)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise AttnlabError(no_space_message(e.filename or self.run_dir)) from e
-            raise
         except RuntimeError as e:
             if self.dist.enabled and distributed.lost_peer(e):
                 self.peer_lost = True  # no goodbye barrier: it would wait for the lost peer too
@@ -736,7 +749,7 @@ class Trainer:
         compiling = cfg.compile and st.iter < stop_at
         if compiling:
             bar.note("compiling the model (torch.compile): the first step takes longer")
-        window = _Window(self.device)
+        window = _Window(self.device, st)
         self._bad = torch.tensor([-1.0, 0.0, 0.0], device=self.device)  # (iter, loss, norm)
         try:
             while st.iter < stop_at:
@@ -983,12 +996,15 @@ class Trainer:
 
 
 class _Window:
-    """The training loss and throughput since the last logged row; the loss summed on the
-    device, moved into the train state (a float) only where it is read or saved."""
+    """The training loss and throughput since the last logged row. The loss is one float32 sum
+    on the device, read into the train state only where it is logged or saved, and a resumed
+    window goes on from the saved sum: the same additions in the same order, so a row's loss is
+    the same wherever checkpoints or interrupts fell."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.loss = torch.zeros((), device=device)
-        self.pending = 0  # steps summed in ``loss``, not yet in the train state
+    def __init__(self, device: torch.device, st: TrainState) -> None:
+        # a float32 sum saved by this class converts back exactly
+        self.loss = torch.tensor(st.window_loss, dtype=torch.float32, device=device)
+        self.pending = 0  # steps summed in ``loss``, not yet counted in the train state
         self.steps = self.tokens = 0  # since the last row, for its throughput
         self.t0 = time.perf_counter()
 
@@ -1002,11 +1018,10 @@ class _Window:
         return time.perf_counter() - self.t0
 
     def into(self, st: TrainState) -> None:
-        """Move the summed loss into the train state (a checkpoint saves it, a resume goes on)."""
+        """Read the sum into the train state (a checkpoint saves it, a resume goes on)."""
         if self.pending:
-            st.window_loss += float(self.loss)
+            st.window_loss = float(self.loss)
             st.window_steps += self.pending
-            self.loss.zero_()
             self.pending = 0
 
     def mean_loss(self, st: TrainState) -> float:
@@ -1015,6 +1030,7 @@ class _Window:
 
     def restart(self, st: TrainState) -> None:
         st.window_loss, st.window_steps = 0.0, 0
+        self.loss.zero_()
         self.steps = self.tokens = 0
         self.t0 = time.perf_counter()
 

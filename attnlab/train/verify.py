@@ -109,6 +109,11 @@ def verify_run(folder: Path) -> str:
     for name in (LATEST, BEST):
         checkpoint = ckpt.checkpoint_dir(folder / name)
         if checkpoint is None:
+            if (folder / name).exists():  # a save swaps a whole folder in: this is damage
+                raise AttnlabError(
+                    f"{folder / name} is not a complete checkpoint (no {ckpt.CONFIG} and "
+                    "weights); restore it" + (", or it cannot be resumed" if name == LATEST else "")
+                )
             continue
         verify_model(checkpoint)
         edited = ckpt.model_mismatch(saved.model, checkpoint)
@@ -130,4 +135,8 @@ def verify_run(folder: Path) -> str:
             )
         where = f"{data} holds the data it recorded"
     listed = " and ".join(checked)
+    if f"{LATEST}/" not in checked:  # killed before its first save to latest/, or latest/ gone
+        where += (
+            "; no latest/, so it cannot be resumed (train --init-from its best/ can start anew)"
+        )
     return f"run{at}: {listed} whole and the model its {run.config.name} names; {where}"
