@@ -220,6 +220,8 @@ class RunDir:
 
     def read_config(self) -> RunConfig:
         """The run's config.json, to resume from; a missing or foreign file is refused in one line."""
+        if not self.path.exists():
+            raise AttnlabError(f"cannot resume {self.path}: there is no such folder")
         if not self.config.is_file():
             raise AttnlabError(f"cannot resume {self.path}: no {CONFIG} (is it a run folder?)")
         try:

@@ -403,9 +403,15 @@ def test_out_of_range_token_id_in_eval_data(model_dir: Path, tiny_data: Path, tm
 
 def test_resume_of_a_folder_that_is_not_a_run(attnlab, model_dir: Path, tmp_path: Path):  # noqa: F811
     p = attnlab("train", "--resume", str(tmp_path / "nowhere"))
-    assert error_line(p, "train") == (
-        f"cannot resume {tmp_path / 'nowhere'}: no config.json (is it a run folder?)"
+    assert (
+        error_line(p, "train") == f"cannot resume {tmp_path / 'nowhere'}: there is no such folder"
     )
+    (tmp_path / "empty").mkdir()
+    p = attnlab("train", "--resume", str(tmp_path / "empty"))
+    assert error_line(p, "train") == (
+        f"cannot resume {tmp_path / 'empty'}: no config.json (is it a run folder?)"
+    )
+    assert sorted(q.name for q in (tmp_path / "empty").iterdir()) == []
     # a model folder has a config.json too, but not a run's
     p = attnlab("train", "--resume", str(model_dir))
     assert error_line(p, "train") == (
