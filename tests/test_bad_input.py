@@ -876,7 +876,7 @@ def _metrics_header_text(run: Path) -> str:
     (run / "metrics.csv").write_text("hello world\nfoo,bar\n")
     return (
         f"{run / 'metrics.csv'} is not a metrics table (its header is 'hello world', not "
-        "iter,train_loss,val_loss,...); repair or remove it to resume"
+        "iter,...,val_loss,...); repair or remove it to resume"
     )
 
 

@@ -35,9 +35,9 @@ def read_rows(path: Path) -> list[list[str]]:
         problem = str(e)
     else:
         header = rows[0] if rows else METRIC_COLUMNS
-        if header[:1] == ["iter"] and set(METRIC_COLUMNS[:3]) <= set(header):
+        if header[:1] == ["iter"] and "val_loss" in header:
             return rows
-        problem = f"its header is {','.join(header)[:60]!r}, not iter,train_loss,val_loss,..."
+        problem = f"its header is {','.join(header)[:60]!r}, not iter,...,val_loss,..."
     raise AttnlabError(f"{path} is not a metrics table ({problem}); repair or remove it to resume")
 
 
