@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +158,7 @@ class Trainer:
         saved = run.read_config()
         latest = ckpt.checkpoint_dir(run.latest)
         recorded = ckpt.read_train_config(latest) if latest is not None else {}
-        known = {f.name for f in fields(TrainConfig)}
-        lost = sorted((recorded.keys() & known) - run.train_keys())
+        lost = sorted((recorded.keys() & set(TrainConfig.field_names())) - run.train_keys())
         if lost:  # deleted by hand: the default filled in would silently train the rest
             raise AttnlabError(
                 f"cannot resume {run_dir}: {run.config} has no train "
