@@ -157,6 +157,24 @@ def test_bad_plan_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["kv-bias"], "kv-bias"),
+        (["--preset", "cpu"], "--preset"),
+        (["--jobs", "2"], "--jobs"),
+        (["--plan"], "--plan"),
+        (["--seeds", "0"], "--seeds"),
+    ],
+)
+def test_list_refuses_what_it_would_ignore(tmp_path: Path, extra: list[str], named: str) -> None:
+    """`--list` lists the shipped studies and nothing else: any other option was ignored."""
+    before = snapshot(tmp_path)
+    p = run_cli("study", "--list", *extra, cwd=tmp_path)
+    assert error_line(p, "study") == f"--list lists the shipped studies; leave out {named}"
+    assert snapshot(tmp_path) == before
+
+
 def test_a_plan_of_a_folder_in_use_says_so(spec: Path, tmp_path: Path, tiny_data: Path) -> None:
     out = tmp_path / "study"
     assert plan_study(load_spec(str(spec)), "ci", out, data=tiny_data)["in_use"] is None

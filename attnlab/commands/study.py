@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.studies.spec import list_studies, load_spec
 
     if args.list:
+        other = _given(args, ["study", "out", "plan", "publish", "report_only", *_RUN_FLAGS])
+        if other:  # each would be ignored: --list lists the shipped studies and nothing else
+            raise AttnlabError(f"--list lists the shipped studies; leave out {other[0]}")
         studies = list_studies()
         width = max(len(name) for name, _ in studies)
         for name, description in studies:
@@ -111,19 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan and args.jobs != 1:  # the estimate is of runs one after another
         raise AttnlabError("--plan: --jobs does not change the plan; leave it out")
     if args.report_only or publish:
-        given = [
-            flag
-            for flag, value in (
-                ("--preset", args.preset),
-                ("--seeds", args.seeds),
-                ("--data", args.data),
-                ("--variants", args.variants),
-                ("--allow-mixed-commits", args.allow_mixed_commits),
-                ("--reuse-from", args.reuse_from),
-                ("--jobs", args.jobs != 1),
-            )
-            if value
-        ]
+        given = _given(args, _RUN_FLAGS)
         mode = "--report-only" if args.report_only else "--publish"
         if given:  # each would be ignored: the study folder says what ran
             raise AttnlabError(f"{mode} takes the study as it ran; leave out {given[0]}")
@@ -166,6 +157,20 @@ def run(args: argparse.Namespace) -> int:
         f"report in {StudyDir(args.out).report}"
     )
     return 1 if failed else 0
+
+
+# the options that shape the runs: --report-only, --publish and --list take none of them
+_RUN_FLAGS = ["preset", "seeds", "data", "variants", "allow_mixed_commits", "reuse_from", "jobs"]
+
+
+def _given(args: argparse.Namespace, dests: list[str]) -> list[str]:
+    """The options among ``dests`` given on the command line (``--jobs 1`` is its default)."""
+    given = []
+    for dest in dests:
+        value = getattr(args, dest)
+        if (value != 1) if dest == "jobs" else (value is not None and value is not False):
+            given.append(value if dest == "study" else "--" + dest.replace("_", "-"))
+    return given
 
 
 def _publish(name: str, folder: StudyDir, dest: str) -> None:
