@@ -126,12 +126,12 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
         config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
         assert config["train"]["seed"] == r["seed"]
     assert all(set(c) >= COMPARISON_KEYS for c in results["comparisons"])
-    # the six comparisons of the spec, then the wall-clock-matched one
+    # the eight comparisons of the spec, then the wall-clock-matched one
     assert [(c["variant"], c["baseline"]) for c in results["comparisons"]][-1] == (
         "kv-bias-112",
         "vanilla-128-wallclock",
     )
-    assert len(results["comparisons"]) == 7
+    assert len(results["comparisons"]) == 9
     _check_statistics(results)
 
     # The wall-clock budget: mechanism iters * the step-time ratio timed side by side on the
