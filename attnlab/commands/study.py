@@ -94,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.studies.spec import list_studies, load_spec
 
     if args.list:
-        other = _given(args, ["study", "out", "plan", "publish", "report_only", *_RUN_FLAGS])
-        if other:  # each would be ignored: --list lists the shipped studies and nothing else
+        # each would be ignored: --list lists the shipped studies and nothing else
+        other = [args.study] if args.study else []
+        other += _given(args, ["out", "plan", "publish", "report_only", *_RUN_FLAGS])
+        if other:
             raise AttnlabError(f"--list lists the shipped studies; leave out {other[0]}")
         studies = list_studies()
         width = max(len(name) for name, _ in studies)
@@ -164,13 +166,13 @@ _RUN_FLAGS = ["preset", "seeds", "data", "variants", "allow_mixed_commits", "reu
 
 
 def _given(args: argparse.Namespace, dests: list[str]) -> list[str]:
-    """The options among ``dests`` given on the command line (``--jobs 1`` is its default)."""
-    given = []
-    for dest in dests:
-        value = getattr(args, dest)
-        if (value != 1) if dest == "jobs" else (value is not None and value is not False):
-            given.append(value if dest == "study" else "--" + dest.replace("_", "-"))
-    return given
+    """The options among ``dests`` set away from their defaults (None, False, ``--jobs 1``)."""
+    values = {dest: getattr(args, dest) for dest in dests}
+    return [
+        "--" + dest.replace("_", "-")
+        for dest, value in values.items()
+        if value is not None and value is not False and not (dest == "jobs" and value == 1)
+    ]
 
 
 def _publish(name: str, folder: StudyDir, dest: str) -> None:
