@@ -18,7 +18,7 @@ from attnlab.studies import output
 from attnlab.studies import spec as spec_format
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.output import StudyDir
-from attnlab.studies.runner import run_study
+from attnlab.studies.runner import INVOCATION_FIELDS, run_study
 from attnlab.studies.spec import list_studies, load_spec, parse_spec
 
 KV_VARIANTS = {
@@ -368,6 +368,40 @@ def test_variants_restricts_training_not_the_results(
     done = run_study(load_spec(str(spec_file)), "ci", out, data=tiny_data)
     assert done["study"]["retrained"] == 1
     assert rows(done) == rows(full)
+
+    # study.json keeps every invocation, the one that trained nothing too, this one last
+    held = json.loads((out / "study.json").read_text())["invocations"]
+    assert [i["retrained"] for i in held] == [8, 1, 0, 1]
+    assert held[-1] == {k: done["study"][k] for k in INVOCATION_FIELDS}
+    assert all(i["elapsed_s"] > 0 and i["git_commit"] == held[0]["git_commit"] for i in held)
+    total = sum(i["elapsed_s"] for i in held)
+    assert f"; {total:.0f} s over its 4 invocations" in (out / "report.md").read_text()
+
+
+def test_invocations_begin_with_a_study_json_written_before_them(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study.json written before ``invocations`` existed describes one invocation at its top
+    level: a resumed study lists that one first instead of forgetting it."""
+    from attnlab.studies.kinds import lm, lm_report
+
+    monkeypatch.setattr(lm, "time_steps", fixed_pace())
+    monkeypatch.setattr(lm_report, "plot_curves", lambda *args: False)
+    spec_file = tmp_path / "three-arms.toml"
+    spec_file.write_text(THREE_ARMS)
+    out = tmp_path / "study"
+    run_study(load_spec(str(spec_file)), "ci", out, data=tiny_data, command="first")
+    record = json.loads((out / "study.json").read_text())
+    for key in ("invocations", "started"):
+        del record[key]
+    record["elapsed_s"] = 1234.0
+    (out / "study.json").write_text(json.dumps(record))
+    (out / "runs/wide/seed0/summary.json").unlink()
+    again = run_study(load_spec(str(spec_file)), "ci", out, data=tiny_data, command="second")
+    first, second = again["study"]["invocations"]
+    assert first == {**{k: record.get(k) for k in INVOCATION_FIELDS}, "started": None}
+    assert (first["command"], first["elapsed_s"], first["retrained"]) == ("first", 1234.0, 8)
+    assert (second["command"], second["retrained"]) == ("second", 1)
 
 
 def test_shipped_specs_resolve_at_every_preset() -> None:

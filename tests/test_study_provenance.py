@@ -225,6 +225,7 @@ def test_a_study_is_reported_again_without_its_run_folders(finished: Path, tmp_p
     assert after == before  # the runs as they were; the statistics computed again
     again = json.loads((out / output.STUDY_JSON).read_text())
     assert again["command"] == record["command"] and again["elapsed_s"] == record["elapsed_s"]
+    assert again["invocations"] == record["invocations"] and len(record["invocations"]) == 1
     assert again["run_commits"] == record["run_commits"]  # kept: the env.json files are gone
     assert again["reported"]["command"].endswith("--report-only")
     spec_from = again["reported"]["spec_from"]

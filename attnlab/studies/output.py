@@ -6,7 +6,8 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
     results.csv    the same runs, one row each
     study.json     what ran (spec and its text, preset, seeds, command, commit and dirty tree,
                    packages, data provenance, resolved configs, the runs' code states, the
-                   runs copied from other studies) and the kind's own results
+                   runs copied from other studies, every invocation that ran it in this
+                   folder) and the kind's own results
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 

@@ -217,6 +217,19 @@ def _provenance_section(record: dict[str, Any]) -> list[str]:
     return lines if len(lines) > 2 else []
 
 
+def _time_taken(record: dict[str, Any]) -> str:
+    """The wall time of the invocation that last trained the study, and of all of them where
+    it resumed across several (study.json's ``invocations`` lists each)."""
+    last = f"{record['elapsed_s']:.0f} s " + (
+        "in the invocation that ran it" if record.get("reported") else "this invocation"
+    )
+    held = record.get("invocations") or []
+    if len(held) < 2:
+        return last + "."
+    total = sum(i.get("elapsed_s") or 0.0 for i in held)
+    return f"{last}; {total:.0f} s over its {len(held)} invocations (study.json lists each)."
+
+
 def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[str]) -> str:
     """The whole report.md: the head from study.json (``record``), then the kind's ``sections``."""
     seeds = record["seeds"]
@@ -226,8 +239,7 @@ def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[
         spec.description,
         "",
         f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
-        f"{record['elapsed_s']:.0f} s "
-        + ("in the invocation that ran it." if record.get("reported") else "this invocation."),
+        + _time_taken(record),
         "",
         *_provenance(record),
         *_scale_lines(spec, preset),

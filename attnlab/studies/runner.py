@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ from attnlab.train.environment import process_git_state
 
 # what a kind computes again when a study is reported again; the rest of study.json is kept
 _REBUILT = ("variants", "run_commits")
+
+# what study.json's ``invocations`` keeps of each invocation that ran the study in its folder
+INVOCATION_FIELDS = (
+    "started",
+    "command",
+    "git_commit",
+    "git_dirty",
+    "git_diff_sha256",
+    "elapsed_s",
+    "retrained",
+)
 
 STUDY_SEEDS = 10_000  # seeds 0 .. n - 1, each a training seed (< SEED_LIMIT)
 
@@ -168,6 +180,7 @@ def _prepared(
         "source": spec.source,
         "notes": scale.notes,
         "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **_git_fields(git),
         "packages": provenance.packages(),
         "spec_text": spec.text,
@@ -340,6 +353,17 @@ def _run_commits(runs: list[dict[str, Any]], earlier: list[dict[str, Any]] | Non
     return provenance.group_states(found) if found else earlier
 
 
+def _earlier_invocations(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The invocations an earlier study.json records: its list, or, written before the list
+    existed, the one invocation its top level describes (none for a folder without one)."""
+    held = record.get("invocations")
+    if isinstance(held, list):
+        return [i for i in held if isinstance(i, dict)]
+    if record.get("elapsed_s") is None:
+        return []
+    return [{k: record.get(k) for k in INVOCATION_FIELDS}]
+
+
 def _study(
     spec: StudySpec,
     preset: str,
@@ -353,7 +377,11 @@ def _study(
 ) -> Study:
     """The study, with its ``publish``: rewrite the study folder from an outcome (results,
     study.json from ``header`` and the outcome, report.md). ``t0`` None: reported again, so
-    the time and retrained runs of the study's own invocation stay as recorded."""
+    the time and retrained runs of the study's own invocation stay as recorded. Else this
+    invocation's command, time and retrained runs are the top level's, and ``invocations``
+    lists it after the earlier ones, so a resumed study or a rerun that trains nothing keeps
+    what ran before."""
+    earlier = _earlier_invocations(folder.previous()) if t0 is not None else []
 
     def publish(outcome: Outcome) -> dict[str, Any]:
         results = {
@@ -364,6 +392,7 @@ def _study(
         if t0 is not None:
             record["elapsed_s"] = time.perf_counter() - t0
             record["retrained"] = sum(not r.get("skipped", True) for r in outcome.runs)
+            record["invocations"] = [*earlier, {k: record.get(k) for k in INVOCATION_FIELDS}]
         record["variants"] = outcome.variants
         record.update(outcome.extra)
         record["run_commits"] = _run_commits(outcome.runs, folder.previous().get("run_commits"))
