@@ -61,13 +61,16 @@ class _Serialisable:
     """JSON round-trip, `key=value` overrides and field validation helpers shared by the configs."""
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name (the JSON a run folder records)."""
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     def to_json(self) -> str:
+        """``to_dict`` as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def field_names(cls) -> list[str]:
+        """The dataclass's fields in declaration order."""
         return [f.name for f in fields(cls)]  # type: ignore[arg-type]
 
     @classmethod
@@ -81,6 +84,7 @@ class _Serialisable:
 
     @classmethod
     def from_json(cls: type[C], path: str | Path) -> C:
+        """Read a JSON file of ``to_dict``'s shape; an unreadable one is one AttnlabError line."""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8 text at all

@@ -6,10 +6,12 @@ A run folder (``RunDir``) holds::
     env.json       versions, device, processes, git commit and command line of the first
                    start, and of each resume that trains (``resumes``, with its iteration)
     metrics.csv    one row per log interval and evaluation; tb/ the same for TensorBoard
+                   (their columns, rows and truncation on resume: attnlab.train.metrics)
     summary.json   the latest summary (iterations, losses, throughput)
     latest/ best/  model folders (attnlab.train.checkpoint): the last and the best checkpoint
-    sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run),
-                   read from beside the run whatever path config.json holds (own_data)
+    sft_data/      a fine-tuning run's own data folder (sft_data/sft.json marks an SFT run;
+                   its content: attnlab.train.sft), read from beside the run whatever path
+                   config.json holds (own_data)
     copied_from.json   where a study copied the run from (copy_run, ``--reuse-from``)
 
 A run's records (RECORDS: config, env, metrics, summary, copied_from; ``copy_records``) are all

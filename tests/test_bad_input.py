@@ -858,7 +858,7 @@ def _config_bad_mechanism_field(run: Path) -> str:
     (run / "config.json").write_text(json.dumps(config))
     return (
         f"cannot resume {run}: {run / 'config.json'}: boost_gate='tanh' is not allowed; "
-        "choose one of 'linear', 'mlp', 'scalar', 'none'"
+        "choose one of 'none', 'scalar', 'linear', 'mlp'"
     )
 
 

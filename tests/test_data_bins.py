@@ -8,13 +8,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnlab.data.bins import (
-    BatchSampler,
-    fixed_batches,
-    read_tokens,
-    sequential_windows,
-    write_tokens,
-)
+from attnlab.data.bins import BatchSampler, fixed_batches, sequential_windows
+from attnlab.data.token_files import read_tokens, write_tokens
 from attnlab.errors import AttnlabError
 
 TOKENS = np.arange(1000, dtype=np.uint16)  # each token is its own position

@@ -28,6 +28,8 @@ from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figur
 
 @dataclass(frozen=True)
 class GenRow:
+    """One variant's decoding rate with and without the KV cache."""
+
     variant: str
     tokens_per_s_cache: float
     tokens_per_s_full: float

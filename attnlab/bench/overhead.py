@@ -37,6 +37,8 @@ from attnlab.plotting import legend_outside, pyplot, save_figure
 
 @dataclass(frozen=True)
 class Row:
+    """One variant's step time at one width against the vanilla model it is compared with."""
+
     width: int  # the vanilla width this row is compared with
     variant: str
     match: str  # "equal" width, parameter-matched ("params"), vs a widened vanilla ("fair"),

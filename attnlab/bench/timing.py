@@ -67,7 +67,6 @@ def interleaved(
     reps: int,
     warmup: int = 1,
     sync: Callable[[], None] = lambda: None,
-    on_rep: Callable[[int], None] | None = None,
 ) -> dict[str, Timing]:
     """Time each callable ``reps`` times, alternating variants within each repetition.
 
@@ -91,8 +90,6 @@ def interleaved(
             variants[name]()
             sync()
             seconds[name].append(time.perf_counter() - t0)
-        if on_rep is not None:
-            on_rep(rep)
     base = seconds[baseline]
     return {
         n: Timing(n, s, [a / b for a, b in zip(s, base, strict=True)]) for n, s in seconds.items()

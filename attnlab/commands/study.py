@@ -30,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         choices=SCALES,
-        help="scale: ci (a smoke test, a few minutes; the default), cpu (about an hour on 2 "
-        "cores: early training), converged (a plateau on 2 cores, hours; the studies that have "
-        "one), paper (the seed's settings)",
+        help="scale: ci (a smoke test; the default), cpu (early training on a CPU), converged "
+        "(trained to a plateau on a CPU; the studies that have one), paper (the seed's "
+        "settings); --plan times it on this machine",
     )
     p.add_argument("--out", type=path_arg, help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")

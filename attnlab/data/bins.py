@@ -12,18 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from attnlab.data.token_files import read_tokens, write_tokens
 from attnlab.errors import AttnlabError
-
-# read_tokens and write_tokens: importable from here, as before token_files held them
-__all__ = [
-    "BatchSampler",
-    "SeededSampler",
-    "fixed_batches",
-    "read_tokens",
-    "sequential_windows",
-    "write_tokens",
-]
 
 
 def _to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:

@@ -689,7 +689,7 @@ def load_dataset(data_dir: str | Path | None = None) -> Dataset:
     written = (data_dir / META_FILE).stat().st_mtime  # prepare writes meta.json last
     for split in SPLITS:
         path = data_dir / f"{split}.bin"
-        # the recorded largest id stands for a scan of every token (seconds at 1 GB), unless
+        # the recorded largest id stands for a scan of every token (slow on a large corpus), unless
         # the file changed after prepare finished (edited, copied over): then it is read
         trusted = max_id is not None and path.is_file() and path.stat().st_mtime <= written
         splits[split] = read_tokens(path, meta["dtype"])

@@ -32,6 +32,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, trainers
 
 from attnlab.errors import AttnlabError
+from attnlab.rundir import BEST, LATEST
 
 FILENAME = "tokenizer.json"
 UNK = "<unk>"
@@ -250,10 +251,8 @@ class Tokenizer:
         path = Path(path)
         file = path / FILENAME if path.is_dir() else path
         if path.is_dir() and not file.exists():
-            file = next(
-                (f for f in (path / "latest" / FILENAME, path / "best" / FILENAME) if f.is_file()),
-                file,
-            )
+            held = (path / LATEST / FILENAME, path / BEST / FILENAME)
+            file = next((f for f in held if f.is_file()), file)
         if not file.is_file():
             raise AttnlabError(
                 f"{file}: tokenizer file not found; name a tokenizer.json, or a data, run or "

@@ -113,8 +113,8 @@ def sample_next(
 def native_cpu_kernels(device: torch.device) -> Iterator[None]:
     """Run the block with oneDNN off on the CPU, so exact GELU takes PyTorch's own kernel.
 
-    oneDNN's eltwise GELU costs several times the native kernel on the few hundred values of a
-    decoding step (a primitive call per op), a large share of a small model's step; the native
+    oneDNN's eltwise GELU pays a primitive call per op, which outweighs the work on the few
+    hundred values of a decoding step (`attnlab bench generate` measures it); the native
     kernel computes the same erf formula (results may differ in the last bit). Nothing else a
     forward runs here goes through oneDNN in float32. The setting is global, so it is restored
     before control returns to the caller.
@@ -190,7 +190,7 @@ def compile_for_decoding(model: torch.nn.Module) -> torch.nn.Module:
     compile cache, so later runs of the same model start much faster.
     """
     # a decoding step's elementwise kernels work on one position, too few values for SIMD to
-    # pay: compiling them scalar halves the C++ compile time and costs no speed (the matmuls
+    # pay: compiling them scalar shortens the C++ compile and loses no speed (the matmuls
     # are library calls either way); over many positions scalar kernels would be slower than
     # eager ones, which is one more reason those forwards stay eager
     model.compile(dynamic=True, options={"cpp.vec_isa_ok": False})

@@ -6,8 +6,8 @@ checkpoints line up and the ``c_proj.weight`` scaled init applies to every resid
 The forwards that run once per layer and decoded token read their submodules from
 ``self._modules`` and their parameters from ``self._parameters``, the registries nn.Module's own
 ``__getattr__`` reads: ``self.c_fc`` or ``self.weight`` first fails the normal attribute lookup
-(building an AttributeError) before ``__getattr__`` finds it, a cost per access that adds up to a
-large share of a small model's decoding step. Reassigning a submodule or parameter still works
+(building an AttributeError) before ``__getattr__`` finds it, a cost per access that adds up
+over a small model's decoding step (`attnlab bench generate` measures it). Reassigning a submodule or parameter still works
 (it updates the registry); a parameter that weight_norm or parametrize took out of the registry
 is read as the attribute it became (``p["weight"] if "weight" in p else self.weight``). Every
 projection is ``Linear`` for the same reason: nn.Linear's forward reads ``self.weight``.

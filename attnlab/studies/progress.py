@@ -36,6 +36,7 @@ class Tracker:
 
 
 def duration(seconds: float) -> str:
+    """``seconds`` as a person reads it: seconds, minutes or hours."""
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds} s"

@@ -143,6 +143,7 @@ class StudySpec:
         return self.to_train is None or name in self.to_train
 
     def scale(self, preset: str) -> Scale:
+        """The scale ``preset`` names, refused in one line where the spec has none."""
         if preset not in self.scales:
             raise AttnlabError(
                 f"study {self.name!r} has no preset {preset!r}; it has {', '.join(self.scales)}"
@@ -267,10 +268,12 @@ def _finite(value: Any) -> bool:
 
 
 def whole_number(least: int) -> Rule:
+    """A spec value that must be an integer (not a bool) of at least ``least``."""
     return Rule(lambda v: _whole(v) and v >= least, f"a whole number >= {least}")
 
 
 def one_of(choices: Sequence[str]) -> Rule:
+    """A spec value that must be one of ``choices``."""
     return Rule(lambda v: isinstance(v, str) and v in choices, f"one of {', '.join(choices)}")
 
 

@@ -27,6 +27,8 @@ JOIN_TIMEOUT_S = 300
 
 @dataclass(frozen=True)
 class DistEnv:
+    """This process's place among the ranks, as torchrun's environment variables give it."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -34,6 +36,7 @@ class DistEnv:
 
     @property
     def enabled(self) -> bool:
+        """More than one rank: a process group is needed."""
         return self.world_size > 1
 
     @property

@@ -99,6 +99,7 @@ class MetricsLog:
             tmp.unlink(missing_ok=True)  # a no-op once renamed
 
     def write(self, row: dict[str, Any], final: bool = False) -> None:
+        """Append ``row`` to metrics.csv (held back until the columns are known) and TensorBoard."""
         if self.columns is None and "train_loss" not in row and not final:
             self.pending.append(row)  # e.g. the eval at iter 0: mechanism columns aren't known yet
             return

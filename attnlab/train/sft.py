@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from attnlab.config import ModelConfig, TrainConfig, split_overrides
-from attnlab.data.bins import SeededSampler, write_tokens
+from attnlab.data.bins import SeededSampler
 from attnlab.data.chat import (
     SHIPPED,
     SPECIAL_TOKENS,
@@ -32,6 +32,7 @@ from attnlab.data.chat import (
     targets,
 )
 from attnlab.data.prepare import TOKENIZER_FILE, write_meta
+from attnlab.data.token_files import write_tokens
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.device import resolve_device
 from attnlab.errors import AttnlabError

@@ -125,6 +125,7 @@ class Mechanism:
         return self.name.replace("_", "-")
 
     def enabled(self, config: Any) -> bool:
+        """Whether ``config`` turns the mechanism on (a switch field away from its off value)."""
         return self.always_on or any(getattr(config, k) != off for k, off in self.switch.items())
 
 

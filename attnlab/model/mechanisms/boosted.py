@@ -30,7 +30,7 @@ from attnlab.config import ModelConfig
 from attnlab.model.attention import Context
 from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
-from attnlab.model.mechanisms.boost_gates import make_gate
+from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
 
 
 def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
@@ -103,7 +103,7 @@ SPEC = Mechanism(
     bench={"boosted": {"boost_rounds": 2}},
     attention_passes=lambda config: config.boost_rounds,
     choices={
-        "boost_gate": ("linear", "mlp", "scalar", "none"),
+        "boost_gate": GATE_KINDS,
         "boost_kv_source": ("residual", "input"),
     },
     help={

@@ -20,19 +20,19 @@ FIGURE = "overhead.png"
 _MEASURED = ("overhead", "overhead_table", "unavailable")  # study.json's own fields
 _ARGUMENTS = inspect.signature(overhead.measure).parameters
 _DEFAULTS = {k: p.default for k, p in _ARGUMENTS.items() if p.default is not p.empty}
-# what each of bench overhead's keyword arguments takes in a spec's params, all of them in its
-# order (the known keys a refusal lists); which benchmark variants and devices exist is checked
-# apart, with their own messages
+# what each of bench overhead's keyword arguments takes in a spec's params, by its annotation
+# (the known keys a refusal lists, in its order); which benchmark variants and devices exist is
+# checked apart, with their own messages
 _SIZE = whole_number(1)
-_RULES = {
-    "widths": list_of(_SIZE),
-    **dict.fromkeys(("layers", "batch", "block", "reps"), _SIZE),
-    "warmup": whole_number(0),
-    **dict.fromkeys(("n_head", "vocab"), _SIZE),
-    "device": TEXT,
-    "mechanisms": list_of(TEXT, empty=True),  # none: every registered mechanism's variants
-    "compile": FLAG,
+_BY_ANNOTATION = {
+    "list[int]": list_of(_SIZE),
+    "int": _SIZE,
+    "str": TEXT,
+    "list[str] | None": list_of(TEXT, empty=True),  # none: every registered mechanism's variants
+    "bool": FLAG,
 }
+_RULES = {k: _BY_ANNOTATION[p.annotation] for k, p in _ARGUMENTS.items()}
+_RULES["warmup"] = whole_number(0)  # no warm-up step is a valid timing
 
 
 def _options(spec: StudySpec, preset: str) -> dict[str, Any]:
