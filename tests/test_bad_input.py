@@ -1151,7 +1151,8 @@ def test_a_study_that_cannot_run_writes_no_folder(attnlab, tmp_path: Path, make)
      (["--sigma", "inf"], "sigma=inf must be a finite number > 0"),
      (["--sigma", "0"], "sigma=0.0 must be a finite number > 0"),
      (["--methods", ","], "no methods given; choose from random, bayes, one-step, "
-      "converged-backprop, converged-deq, boosted")],  # was a traceback after the header
+      "converged-backprop, converged-deq, boosted"),  # was a traceback after the header
+     (["--gate", "tanh"], "unknown gate 'tanh'; allowed: none, scalar, linear, mlp")],
 )  # fmt: skip
 def test_retrieval_refuses_meaningless_settings(attnlab, args, expected):
     p = attnlab("retrieval", "--steps", "1", "--queries", "10", *args)

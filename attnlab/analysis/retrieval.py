@@ -35,15 +35,12 @@ import torch
 import torch.nn.functional as Fn
 from torch import Tensor, nn
 
+from attnlab.analysis.retrieval_options import DEFAULTS, LOSSES, METHODS, PROTOCOLS, UNTRAINED
 from attnlab.config import check_seed
 from attnlab.errors import AttnlabError
 from attnlab.model.mechanisms.boost_gates import GATE_KINDS, make_gate
 from attnlab.model.memory import FLOAT_BYTES, device_memory, gib
 
-LOSSES = ("cos-ce", "cos-ce-weights", "cos", "mse")
-PROTOCOLS = ("released", "attnlab")
-METHODS = ("random", "bayes", "one-step", "converged-backprop", "converged-deq", "boosted")
-UNTRAINED = ("random", "bayes")  # scored by formula: chance, and the Bayes-optimal classifier
 CONVERGED_STEPS = 20
 BETA_INIT = 2.0
 LR = 3e-3
@@ -303,13 +300,13 @@ def run_retrieval(
     patterns: int,
     sigma: float,
     methods: Sequence[str],
-    rounds: int = 2,
-    gate: str = "mlp",
-    queries: int = 5000,
-    steps: int = 150,
+    rounds: int = DEFAULTS["rounds"],
+    gate: str = DEFAULTS["gate"],
+    queries: int = DEFAULTS["queries"],
+    steps: int = DEFAULTS["steps"],
     seed: int = 0,
     loss: str | None = None,
-    protocol: str = "released",
+    protocol: str = DEFAULTS["protocol"],
 ) -> dict[str, float]:
     """Accuracy (%) of each method under ``protocol`` (see the module docstring).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-DEFAULT_METHODS = "random,bayes,one-step,converged-backprop,converged-deq,boosted"
+from attnlab.analysis.retrieval_options import DEFAULTS, LOSSES, METHODS, PROTOCOLS, UNTRAINED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,31 +15,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--d", type=int, default=64, help="pattern dimension (default 64)")
     p.add_argument("--patterns", type=int, default=16, help="number K of stored patterns")
     p.add_argument("--sigma", type=float, default=0.5, help="query noise standard deviation")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods")
-    p.add_argument("--rounds", type=int, default=2, help="boosting rounds M (1 = one-step)")
-    p.add_argument("--gate", default="mlp", help="boosting gate: none, scalar, linear, mlp")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated methods, of {', '.join(METHODS)}",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=DEFAULTS["rounds"], help="boosting rounds M (1 = one-step)"
+    )
+    p.add_argument(
+        "--gate",
+        default=DEFAULTS["gate"],
+        help="boosting gate: a choice of the model field boost_gate (attnlab presets --fields)",
+    )
     p.add_argument(
         "--protocol",
-        default="released",
-        choices=("released", "attnlab"),
+        default=DEFAULTS["protocol"],
+        choices=PROTOCOLS,
         help="released: the authors' released scripts (one global random stream, best of "
         "evaluations every 50 steps); attnlab: separate streams, one fixed evaluation set",
     )
     p.add_argument(
         "--loss",
-        choices=("cos-ce", "cos-ce-weights", "cos", "mse"),
+        choices=LOSSES,
         help="training loss (default: the protocol's own: cos-ce-weights, i.e. the released "
         "cross-entropy on softmax weights, for released; cos-ce for attnlab)",
     )
-    p.add_argument("--queries", type=int, default=5000, help="evaluation queries")
-    p.add_argument("--steps", type=int, default=150, help="training steps (batches of 512)")
+    p.add_argument("--queries", type=int, default=DEFAULTS["queries"], help="evaluation queries")
+    p.add_argument(
+        "--steps", type=int, default=DEFAULTS["steps"], help="training steps (batches of 512)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis.retrieval import UNTRAINED, run_retrieval, training_loss
+    from attnlab.analysis.retrieval import run_retrieval, training_loss
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     results = run_retrieval(
