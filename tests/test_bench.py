@@ -356,3 +356,21 @@ def test_bench_gpu_out_is_checked_before_the_run(
         }[case]
     ]
     assert snapshot(tmp_path) == before
+
+
+def test_a_benchmark_model_leaves_the_callers_random_stream_alone() -> None:
+    """The benchmarks build their models from a seed of their own: the caller's global stream
+    (a study's run about to start, a notebook's) draws the same numbers after as before."""
+    from attnlab.bench.timing import seeded_model, train_step
+    from attnlab.model import GPT
+
+    cfg = tiny_model()
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    model = seeded_model(cfg, seed=5)
+    train_step(cfg, 2)
+    assert torch.equal(torch.rand(3), expected)
+    torch.manual_seed(5)
+    built = GPT(cfg).parameters()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), built, strict=True))

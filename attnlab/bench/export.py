@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from attnlab import from_pretrained
-from attnlab.bench.timing import interleaved, relative
+from attnlab.bench.timing import interleaved, relative, seeded_model
 from attnlab.bench.train import bench_config
 from attnlab.export import FILES, export_model, load_onnx
 from attnlab.export.hf import added_token_ids
-from attnlab.model import GPT
 from attnlab.model.generation import compile_for_decoding
 
 
@@ -30,8 +29,7 @@ def bench_model(model_dir: str | None, preset: str) -> Any:
     """The PyTorch model in ``model_dir``, or a randomly initialised model of ``preset``."""
     if model_dir:
         return from_pretrained(model_dir, device="cpu")[0]
-    torch.manual_seed(0)
-    return GPT(bench_config(preset)[0])
+    return seeded_model(bench_config(preset)[0])
 
 
 def onnx_folder(model: Any, model_dir: str | None, scratch: Path) -> Path:

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from attnlab.bench.overhead import available, bench_variants, check_variants
-from attnlab.bench.timing import format_table, interleaved
-from attnlab.model import GPT
+from attnlab.bench.timing import format_table, interleaved, seeded_model
 from attnlab.model.generation import compile_for_decoding, stream
 from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
 
@@ -87,8 +86,7 @@ def measure(
     rows = []
     for name, overrides in variants.items():
         print(f"bench generate: {name}", file=sys.stderr)
-        torch.manual_seed(0)
-        model = GPT(base.replace(**overrides)).to(device).eval()
+        model = seeded_model(base.replace(**overrides)).to(device).eval()
         if compile:
             # compiled graphs are kept per code object (GPT.forward) across models, and past
             # torch's recompile limit (8) a forward silently runs eagerly: start each model afresh

@@ -27,7 +27,13 @@ from typing import Any
 import torch
 from torch.profiler import profile
 
-from attnlab.bench.timing import interleaved, matmul_peak_flops, synchronizer, train_step
+from attnlab.bench.timing import (
+    interleaved,
+    matmul_peak_flops,
+    seeded_model,
+    synchronizer,
+    train_step,
+)
 from attnlab.bench.train import reference_step
 from attnlab.config import ModelConfig
 from attnlab.device import autocast_dtype
@@ -68,8 +74,7 @@ def train_check(
 ) -> tuple[dict[str, Any], GPT]:
     """``steps`` AdamW steps on one fixed batch (the loss must fall; it is read twice): the
     result and the trained model."""
-    torch.manual_seed(0)
-    model = GPT(config).to(device)
+    model = seeded_model(config).to(device)
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), device.type)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     gen = torch.Generator().manual_seed(0)

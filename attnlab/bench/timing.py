@@ -96,6 +96,14 @@ def interleaved(
     }
 
 
+def seeded_model(config: ModelConfig, seed: int = 0) -> GPT:
+    """``GPT(config)`` initialised from ``seed``, the caller's global random stream left as it
+    was (a benchmark inside a study or a notebook must not reseed it)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(config)
+
+
 def train_step(
     config: ModelConfig,
     batch_size: int,
@@ -110,8 +118,7 @@ def train_step(
     ``compile`` the forward runs under ``torch.compile`` (compiled on the first step, i.e. warm-up);
     with ``amp_dtype`` under autocast, as the trainer runs it.
     """
-    torch.manual_seed(seed)
-    model = GPT(config).to(device)
+    model = seeded_model(config, seed).to(device)
     opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.99), torch.device(device).type)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(config.vocab_size, (batch_size, config.block_size), generator=gen).to(device)
