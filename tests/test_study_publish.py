@@ -125,6 +125,8 @@ def test_a_published_copy_resumes_the_study_without_training_again(
         "inside",
         "over-a-study",
         "over-another-copy",
+        "over-another-preset",
+        "report-then-file",
         "empty",
         "dot",
         "source-inside-copy",
@@ -157,6 +159,11 @@ def test_bad_publish_is_refused_in_one_line(
     elif case == "over-another-copy":
         dest.mkdir()
         (dest / "study.json").write_text(json.dumps({"name": "gates"}))
+    elif case == "over-another-preset":  # a smoke test replaced the converged copy
+        dest.mkdir()
+        (dest / "study.json").write_text(json.dumps({"name": "pair", "preset": "cpu"}))
+    elif case == "report-then-file":  # the study was reported again before the refusal
+        dest.write_text("a file")
     elif case == "dot":
         dest = Path(".")
     elif case == "source-inside-copy":  # an earlier copy with the study moved inside it
@@ -169,7 +176,7 @@ def test_bad_publish_is_refused_in_one_line(
     elif case == "symlinked-dest":  # the refused copy left its lock in the link's target
         (tmp_path / "real").mkdir()
         dest.symlink_to(tmp_path / "real")
-    extra = ["--seeds", "2"] if case == "training-flag" else []
+    extra = {"training-flag": ["--seeds", "2"], "report-then-file": ["--report-only"]}.get(case, [])
     before, before_study = snapshot(tmp_path), snapshot(folder)
     given = "" if case == "empty" else str(dest)  # "": taken as no --publish, the study ran
     p = run_cli("study", name, "--out", out, "--publish", given, *extra)
@@ -189,6 +196,9 @@ def test_bad_publish_is_refused_in_one_line(
             "published copy; choose another folder",
             "over-another-copy": f"--publish {dest} holds a copy of study 'gates', not 'pair'; "
             "choose another folder",
+            "over-another-preset": f"--publish {dest} holds a copy of study 'pair' at preset "
+            "'cpu', not 'ci'; choose another folder",
+            "report-then-file": f"{dest} exists and is not a folder; choose another --publish",
             "empty": "--publish is empty; name a file or folder",
             "dot": "--publish '.' must name a folder, not the current or parent one",
             "source-inside-copy": f"--publish {dest} would replace the source {dest / 'raw'}; "
@@ -308,4 +318,54 @@ def test_a_study_json_not_there_is_named(
                 f"{copy}: the study running there (PID {os.getpid()}) has not written its "
                 "study.json yet (it does after its first run); wait for that"
             )
+    assert snapshot(tmp_path) == before
+
+
+DAMAGE = {
+    "cut-short": None,
+    "no-elapsed": {"elapsed_s": None},
+    "no-seeds": {"seeds": []},  # a rerun writes the seeds it runs: nothing is lost there
+    "bad-invocations": {"invocations": "garbage"},
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "case", "edit"),
+    [
+        (mode, case, edit)
+        for mode in ("rerun", "--report-only")
+        for case, edit in DAMAGE.items()
+        if (mode, case) != ("rerun", "no-seeds")
+    ],
+)
+def test_a_damaged_study_json_is_refused_before_anything_is_written(
+    study: tuple[Path, Path], tmp_path: Path, tiny_data: Path, case: str, edit, mode: str
+) -> None:
+    """A rerun took an unreadable study.json for no study: it timed the wall-clock budget again
+    and dropped the earlier invocations and runs from the report; --report-only rewrote
+    study.json and results, then failed on the report with a traceback."""
+    spec = study[0]
+    copy = _restored(study, tmp_path)
+    path = copy / "study.json"
+    if edit is None:
+        path.write_text(path.read_text()[:40])
+    else:
+        _edit_json(path, **edit)
+    before = snapshot(tmp_path)
+    args = ["--data", str(tiny_data)] if mode == "rerun" else [mode]
+    p = run_cli("study", str(spec), "--out", str(copy), *args)
+    message = error_line(p, "study")
+    if case == "cut-short":
+        assert message.startswith(f"cannot read {path}: ")
+        assert message.endswith("; restore it as the study wrote it")
+    else:
+        assert (
+            message
+            == {
+                "no-elapsed": f"{path} has elapsed_s None, not a number of seconds; restore it",
+                "no-seeds": f"{path} lists no seeds; restore it as the study wrote it",
+                "bad-invocations": f"{path} has invocations that are not a list of tables with "
+                "elapsed_s; restore it",
+            }[case]
+        )
     assert snapshot(tmp_path) == before

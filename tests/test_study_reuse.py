@@ -111,7 +111,12 @@ def test_identical_runs_are_copied_and_the_rest_trained(
     assert again["study"]["retrained"] == 0 and not any("copied" in line for line in lines)
     assert json.loads((out / "study.json").read_text())["reused"] == copied
     # other setups are never taken: another seed count trains seed 2 here, copies nothing new
-    more = second_study(seeds=3)
+    lines.clear()
+    more = second_study(seeds=3, progress=lines.append)
+    assert lines[0] == (
+        "--reuse-from: none of the 2 runs this study starts was trained identically there; "
+        "they train here"
+    )
     assert more["study"]["retrained"] == 2 and more["study"]["reused"] == copied
     # a copy deleted and trained here instead is no longer listed as copied
     shutil.rmtree(out / "runs/plain/seed0")
@@ -224,4 +229,29 @@ def test_bad_reuse_from_is_refused_in_one_line(tmp_path: Path, case: str) -> Non
             "kv-bias-detached, vanilla-112, vanilla-7l, vanilla-136, vanilla-128-wallclock",
         }[case]
     )
+    assert snapshot(tmp_path) == before
+
+
+def test_a_donor_run_whose_records_disagree_is_not_copied(
+    tmp_path: Path, tiny_data: Path, specs: tuple[Path, Path]
+) -> None:
+    """A donor whose summary.json was edited was copied, and its made-up loss reported; only a
+    later rerun noticed."""
+    donor = tmp_path / "first-out"
+    run_study(load_spec(str(specs[0])), "ci", donor, data=tiny_data, seeds=1)
+    summary = donor / "runs/base/seed0/summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_val_loss": 1.0}))
+    before = snapshot(tmp_path)
+    out = tmp_path / "second-out"
+    p = run_cli(
+        "study", str(specs[1]), "--out", str(out), "--data", str(tiny_data), "--seeds", "1",
+        "--reuse-from", str(donor),
+    )  # fmt: skip
+    line = error_line(p, "study")
+    assert line.startswith(
+        f"--reuse-from: {donor / 'runs/base/seed0'}: summary.json's final val loss 1.0 is not "
+        "metrics.csv's at iteration 4 ("
+    )
+    assert line.endswith("), so it cannot be copied: restore the run's files as it wrote them, "
+                         "or leave out --reuse-from")  # fmt: skip
     assert snapshot(tmp_path) == before

@@ -7,7 +7,7 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
     study.json     what ran (spec and its text, preset, seeds, command, commit and dirty tree,
                    packages, data provenance, resolved configs, the runs' code states, the
                    runs copied from other studies, every invocation that ran it in this
-                   folder) and the kind's own results
+                   folder: its time runs to its last finished run) and the kind's own results
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
 
@@ -215,17 +215,13 @@ class StudyDir:
 
     def publish(self, dest: str | Path) -> Path:
         """Copy the study's report, results, study.json and figures, and the records of its
-        finished runs (never their model folders), to ``dest`` (e.g. results/NAME, to commit), replacing an earlier copy of this study whole;
-        anything else already there (a hand-written NOTES.md, as it is, links kept as links) is
-        kept. ``dest`` may not be a study folder that holds runs, another study's copy, or lie
-        inside this study. A running study's copy is what it has written so far (each file
+        finished runs (never their model folders), to ``dest`` (e.g. results/NAME, to commit),
+        replacing an earlier copy of this study whole; anything else already there (a
+        hand-written NOTES.md, as it is, links kept as links) is kept. ``dest`` may not be a
+        study folder that holds runs, a copy of another study or of this one at another preset,
+        or lie inside this study. A running study's copy is what it has written so far (each file
         whole; a file rewritten meanwhile may be a run newer than the others). Returns ``dest``."""
-        given, dest = str(dest), Path(dest).expanduser()
-        if dest.name in ("", ".."):  # "", ".", "..", "/": the copy replaces the folder whole
-            raise AttnlabError(
-                f"--publish {given!r} must name a folder, not the current or parent one"
-            )
-        record = self.written()
+        dest = self.check_publish(dest)
         # the records of the runs results.json lists (one finished since is not in the copy's)
         listed = (
             [
@@ -236,13 +232,6 @@ class StudyDir:
             if (self.path / RESULTS_JSON).is_file()
             else []
         )
-        here, there = self.path.resolve(), dest.resolve()
-        if there == here or here in there.parents:
-            raise AttnlabError(
-                f"--publish {dest} is inside the study folder {self.path}; name a folder outside it"
-            )
-        if check_out_path(dest, "--publish"):
-            _refuse_publishing_over(dest, record.get("name"))
         kept = [
             p
             for p in (dest.iterdir() if dest.is_dir() else [])
@@ -268,6 +257,24 @@ class StudyDir:
             lock.release()
             if not had_lock:  # a refused copy leaves dest as it was (a done one has no lock)
                 lock.path.unlink(missing_ok=True)
+        return dest
+
+    def check_publish(self, dest: str | Path) -> Path:
+        """``publish``'s refusals, made without copying anything (a command that reports the
+        study again first makes them before that); ``dest`` as a path."""
+        given, dest = str(dest), Path(dest).expanduser()
+        if dest.name in ("", ".."):  # "", ".", "..", "/": the copy replaces the folder whole
+            raise AttnlabError(
+                f"--publish {given!r} must name a folder, not the current or parent one"
+            )
+        record = self.written()
+        here, there = self.path.resolve(), dest.resolve()
+        if there == here or here in there.parents:
+            raise AttnlabError(
+                f"--publish {dest} is inside the study folder {self.path}; name a folder outside it"
+            )
+        if check_out_path(dest, "--publish"):
+            _refuse_publishing_over(dest, record.get("name"), record.get("preset"))
         return dest
 
     def write_report(self, text: str) -> None:
@@ -300,8 +307,9 @@ def _run_problem(run: Any) -> str | None:
     return None
 
 
-def _refuse_publishing_over(dest: Path, name: str | None) -> None:
-    """Refuse a non-empty ``dest`` that is not an earlier published copy of study ``name``."""
+def _refuse_publishing_over(dest: Path, name: str | None, preset: str | None) -> None:
+    """Refuse a non-empty ``dest`` that is not an earlier published copy of study ``name`` at
+    ``preset`` (a copy of the converged scale is not replaced by a smoke test's)."""
     other = StudyDir(dest)
     if not other.is_study():
         raise AttnlabError(
@@ -328,10 +336,16 @@ def _refuse_publishing_over(dest: Path, name: str | None) -> None:
             f"--publish {dest}: {foreign} is not a run's record, and the copy replaces "
             f"{dest / RUNS} whole; move it out of there first"
         )
-    held = other.previous().get("name")
-    if held is not None and held != name:
+    held = other.previous()
+    if held.get("name") is not None and held.get("name") != name:
         raise AttnlabError(
-            f"--publish {dest} holds a copy of study {held!r}, not {name!r}; choose another folder"
+            f"--publish {dest} holds a copy of study {held['name']!r}, not {name!r}; choose "
+            "another folder"
+        )
+    if held.get("preset") is not None and held.get("preset") != preset:
+        raise AttnlabError(
+            f"--publish {dest} holds a copy of study {name!r} at preset {held['preset']!r}, not "
+            f"{preset!r}; choose another folder"
         )
 
 

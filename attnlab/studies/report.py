@@ -220,6 +220,8 @@ def _provenance_section(record: dict[str, Any]) -> list[str]:
 def _time_taken(record: dict[str, Any]) -> str:
     """The wall time of the invocation that last trained the study, and of all of them where
     it resumed across several (study.json's ``invocations`` lists each)."""
+    if "elapsed_s" not in record:
+        return "its time was not recorded."
     last = f"{record['elapsed_s']:.0f} s " + (
         "in the invocation that ran it" if record.get("reported") else "this invocation"
     )

@@ -121,16 +121,19 @@ def plan_study(
 
 def _refuse_another_study(folder: StudyDir, name: str, preset: str) -> None:
     """Refuse a folder whose study.json is another study's or another preset's: training there
-    would replace that study's results and report with this one's, its runs left orphaned."""
-    held = folder.previous()
-    if not held:
+    would replace that study's results and report with this one's, its runs left orphaned. One
+    whose study.json cannot be read is refused too: what it keeps (the wall-clock budgets, the
+    earlier invocations) would be lost, and runs it lists dropped from the report."""
+    if not (folder.path / STUDY_JSON).is_file():
         return
+    held = folder.written()
     there = (held.get("name"), held.get("preset"))
     if there != (name, preset):
         raise AttnlabError(
             f"{folder.path} holds study {there[0]!r} at preset {there[1]!r}, not {name!r} at "
             f"{preset!r}; choose another --out"
         )
+    _check_times(held, folder.path / STUDY_JSON)
 
 
 def _prepared(
@@ -166,10 +169,10 @@ def _prepared(
         load_dataset(data)
     folder = StudyDir(out)
     folder.check_usable()  # what create() refuses, refused here for a plan too
+    donors = _donors(reuse_from or [], folder)
     _refuse_another_study(folder, spec.name, preset)
     seed_list = list(range(n_seeds))
     git = process_git_state()
-    donors = _donors(reuse_from or [], folder)
     header = {
         "name": spec.name,
         "description": spec.description,
@@ -249,8 +252,11 @@ def _check_record(
     spec.scale(preset)
     if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
         raise AttnlabError(f"{where} has seeds {seeds!r}, not a list of whole numbers")
+    if not seeds:
+        raise AttnlabError(f"{where} lists no seeds; restore it as the study wrote it")
     if len(set(seeds)) < len(seeds):
         raise AttnlabError(f"{where} has seeds {seeds!r}, one of them twice; restore it")
+    _check_times(record, where)
     seen = set()
     for run in runs:
         what = f"{run['variant']} seed {run['seed']}"
@@ -275,6 +281,27 @@ def _check_record(
                     f"{seed}; restore it, or run the study command again (it lists every "
                     "finished run)"
                 )
+
+
+def _check_times(record: dict[str, Any], where: Path) -> None:
+    """Refuse a study.json whose invocations' times a report or a rerun would read wrongly (a
+    traceback, or the earlier invocations dropped without a word)."""
+
+    def seconds(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+    if "elapsed_s" in record and not seconds(record["elapsed_s"]):
+        raise AttnlabError(
+            f"{where} has elapsed_s {record.get('elapsed_s')!r}, not a number of seconds; "
+            "restore it"
+        )
+    held = record.get("invocations", [])
+    if not isinstance(held, list) or not all(
+        isinstance(i, dict) and seconds(i.get("elapsed_s")) for i in held
+    ):
+        raise AttnlabError(
+            f"{where} has invocations that are not a list of tables with elapsed_s; restore it"
+        )
 
 
 def _git_fields(git: dict[str, Any]) -> dict[str, Any]:
@@ -356,9 +383,8 @@ def _run_commits(runs: list[dict[str, Any]], earlier: list[dict[str, Any]] | Non
 def _earlier_invocations(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The invocations an earlier study.json records: its list, or, written before the list
     existed, the one invocation its top level describes (none for a folder without one)."""
-    held = record.get("invocations")
-    if isinstance(held, list):
-        return [i for i in held if isinstance(i, dict)]
+    if "invocations" in record:  # checked by _check_times before anything runs
+        return list(record["invocations"])
     if record.get("elapsed_s") is None:
         return []
     return [{k: record.get(k) for k in INVOCATION_FIELDS}]
@@ -396,9 +422,10 @@ def _study(
         record["variants"] = outcome.variants
         record.update(outcome.extra)
         record["run_commits"] = _run_commits(outcome.runs, folder.previous().get("run_commits"))
+        # the report is made before anything is written: one that fails changes no file
+        report = render(spec, preset, record, KINDS[spec.kind].sections(study, results, record))
         folder.write_results(results, record)
-        sections = KINDS[spec.kind].sections(study, results, record)
-        folder.write_report(render(spec, preset, record, sections))
+        folder.write_report(report)
         return {**results, "study": record}
 
     study = Study(spec, preset, folder, seeds, jobs, data, progress, publish)

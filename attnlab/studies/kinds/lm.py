@@ -26,6 +26,7 @@ from attnlab.studies.jobs import (
     Pace,
     identical_run,
     planned,
+    record_problem,
     refuse_other_setups,
     run_all,
     time_steps,
@@ -237,16 +238,27 @@ class LanguageModel:
         git = process_git_state()
         now = [(git["commit"], git["dirty"], git["diff_sha256"])]
         plan = {}
-        for job in _jobs(study, first, {}):
-            if Path(job.run_dir).exists():
-                continue
+        starts = [job for job in _jobs(study, first, {}) if not Path(job.run_dir).exists()]
+        for job in starts:
             # a run of a published copy holds its records only: nothing to copy a model from
             candidates = [r for d in donors for r in d.seed_runs(job.seed) if has_weights(r)]
             # one trained at this code state first: a copy of another is refused as mixed
             candidates.sort(key=lambda r: provenance.run_states(r) != now)
             found = identical_run(job, candidates)
-            if found is not None:
-                plan[job.run_dir] = str(found)
+            if found is None:
+                continue
+            problem = record_problem(found)
+            if problem:  # copied, its summary.json would enter the statistics unchecked
+                raise AttnlabError(
+                    f"--reuse-from: {found}: {problem}, so it cannot be copied: restore the "
+                    "run's files as it wrote them, or leave out --reuse-from"
+                )
+            plan[job.run_dir] = str(found)
+        if starts and not plan and study.progress is not None:  # said, not left to guess
+            study.progress(
+                f"--reuse-from: none of the {len(starts)} runs this study starts was trained "
+                "identically there; they train here"
+            )
         return plan
 
 
