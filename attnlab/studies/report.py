@@ -228,7 +228,7 @@ def _time_taken(record: dict[str, Any]) -> str:
     held = record.get("invocations") or []
     if len(held) < 2:
         return last + "."
-    total = sum(i.get("elapsed_s") or 0.0 for i in held)
+    total = sum(i["elapsed_s"] for i in held)  # each one checked before the study ran
     return f"{last}; {total:.0f} s over its {len(held)} invocations (study.json lists each)."
 
 

@@ -292,8 +292,7 @@ def _check_times(record: dict[str, Any], where: Path) -> None:
 
     if "elapsed_s" in record and not seconds(record["elapsed_s"]):
         raise AttnlabError(
-            f"{where} has elapsed_s {record.get('elapsed_s')!r}, not a number of seconds; "
-            "restore it"
+            f"{where} has elapsed_s {record['elapsed_s']!r}, not a number of seconds; restore it"
         )
     held = record.get("invocations", [])
     if not isinstance(held, list) or not all(
@@ -422,7 +421,8 @@ def _study(
         record["variants"] = outcome.variants
         record.update(outcome.extra)
         record["run_commits"] = _run_commits(outcome.runs, folder.previous().get("run_commits"))
-        # the report is made before anything is written: one that fails changes no file
+        # the report is made before the records are written: one that fails leaves them as
+        # they were (only a figure it drew may be new)
         report = render(spec, preset, record, KINDS[spec.kind].sections(study, results, record))
         folder.write_results(results, record)
         folder.write_report(report)
