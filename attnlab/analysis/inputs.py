@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from attnlab.data.prepare import load_dataset
+from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.plotting import check_figure_out
 from attnlab.rundir import is_run_folder, run_data_dir
@@ -112,7 +113,7 @@ def captured(model: torch.nn.Module, x: torch.Tensor) -> Iterator[tuple[slice, t
         yield rows, logits, capture
 
 
-def token_pieces(tokenizer, tokens: np.ndarray) -> list[str]:
+def token_pieces(tokenizer: Tokenizer, tokens: np.ndarray) -> list[str]:
     """The text of each token: a lookup table over the vocabulary, not one decode per token."""
     table = np.array([tokenizer.decode([i]) for i in range(tokenizer.vocab_size)], dtype=object)
     return table[np.asarray(tokens, dtype=np.int64)].tolist()

@@ -118,8 +118,8 @@ def score_names(samples: Iterable[str], canonical: set[str], style: str, top: in
 
 
 def sample_texts(
-    model,
-    tokenizer,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
     samples: int,
     length: int,
     seed: int,

@@ -21,6 +21,7 @@ import torch
 
 from attnlab.bench.overhead import available, bench_variants, check_variants
 from attnlab.bench.timing import format_table, interleaved, seeded_model
+from attnlab.config import ModelConfig
 from attnlab.model.generation import compile_for_decoding, stream
 from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
 
@@ -39,7 +40,9 @@ class GenRow:
     latency_full_ms: list[float]
 
 
-def decode_timed(model, tokens: int, use_cache: bool) -> tuple[list[float], list[int]]:
+def decode_timed(
+    model: torch.nn.Module, tokens: int, use_cache: bool
+) -> tuple[list[float], list[int]]:
     """Greedy-decode ``tokens`` tokens after token 0; returns (seconds per token, the tokens)."""
     idx = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
     seconds, out = [], []
@@ -64,7 +67,7 @@ def quarter_ratio(latency: list[float]) -> float:
 
 
 def measure(
-    base,
+    base: ModelConfig,
     tokens: int,
     reps: int = 3,
     warmup: int = 1,

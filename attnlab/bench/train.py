@@ -53,7 +53,7 @@ def is_nanogpt_shaped(cfg: ModelConfig) -> bool:
 
 def reference_loss(
     p: dict[str, torch.Tensor], cfg: ModelConfig, idx: torch.Tensor, targets: torch.Tensor
-):
+) -> torch.Tensor:
     """nanoGPT's forward and loss as functional calls on a name -> tensor dict of GPT's parameters."""
     b, t = idx.shape
     e, nh, eps = cfg.n_embd, cfg.n_head, float(cfg.norm_eps or 1e-5)

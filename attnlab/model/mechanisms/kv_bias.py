@@ -26,7 +26,7 @@ from attnlab.model.layers import Linear
 from attnlab.model.mechanisms import Mechanism, Part, Rule
 
 
-def previous_m(like: torch.Tensor, ctx) -> torch.Tensor:
+def previous_m(like: torch.Tensor, ctx: Context) -> torch.Tensor:
     """The purpose state entering this block: zeros at block 0."""
     m = ctx.state.get("M")
     return torch.zeros_like(like) if m is None else m
