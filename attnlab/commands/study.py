@@ -120,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
         mode = "--report-only" if args.report_only else "--publish"
         if given:  # each would be ignored: the study folder says what ran
             raise AttnlabError(f"{mode} takes the study as it ran; leave out {given[0]}")
-        if publish:  # refused before the study is reported again, which rewrites its folder
-            StudyDir(args.out).check_publish(args.publish)
         if args.report_only:
+            if publish:  # refused before the report is made again, which rewrites the folder
+                StudyDir(args.out).check_publish(args.publish)
             report_study(spec, args.out, command=command)
             print(f"study {spec.name}: reported again in {StudyDir(args.out).report}")
         if publish:
