@@ -77,7 +77,7 @@ class Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("delay", [0.0, 60.0])
+@pytest.mark.parametrize("delay", [0.0, 1e6])  # 1e6: longer than any machine takes
 def test_eval_shows_progress_on_a_terminal_only_when_it_takes_a_while(
     tmp_path: Path, train_tiny, capsys, monkeypatch: pytest.MonkeyPatch, delay: float
 ) -> None:
