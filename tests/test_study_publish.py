@@ -95,6 +95,22 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
     assert not (dest / output.MARKER).exists() and not (dest / LOCK_FILE).exists()
 
 
+def test_a_first_copy_goes_beside_notes_written_before_it(
+    study: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A results folder holding only its NOTES.md (the smoke copy removed, the notes kept for
+    the real study) was refused as "not a study folder": the notes stay, the copy joins them;
+    a folder with any other file is still refused (test_bad_publish_is_refused_in_one_line)."""
+    spec, folder = study
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / output.NOTES).write_text("in progress")
+    p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
+    assert p.returncode == 0, p.stderr
+    assert (dest / output.NOTES).read_text() == "in progress"
+    assert {p.name for p in dest.iterdir()} == {*output.PUBLISHED, output.RUNS, output.NOTES}
+
+
 def test_a_published_copy_resumes_the_study_without_training_again(
     study: tuple[Path, Path], tmp_path: Path, tiny_data: Path
 ) -> None:

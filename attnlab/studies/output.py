@@ -55,6 +55,8 @@ FIGURES = "figures"
 RUNS = "runs"
 # what a published copy of a study holds (``StudyDir.publish``) besides its runs' records
 PUBLISHED = (REPORT, RESULTS_JSON, RESULTS_CSV, STUDY_JSON, FIGURES)
+# the hand-written notes a results folder keeps: written before the first copy, they are its own
+NOTES = "NOTES.md"
 MARKER = ".attnlab-study"  # written first: an interrupted study's folder is still its own
 LAST_FRACTION = 0.2  # the tail of a run's iterations its convergence is read over
 # at most this relative change of the val loss over that tail counts as a plateau; a loss still
@@ -217,7 +219,8 @@ class StudyDir:
         """Copy the study's report, results, study.json and figures, and the records of its
         finished runs (never their model folders), to ``dest`` (e.g. results/NAME, to commit),
         replacing an earlier copy of this study whole; anything else already there (a
-        hand-written NOTES.md, as it is, links kept as links) is kept. ``dest`` may not be a
+        hand-written NOTES.md, as it is, links kept as links) is kept, and a folder holding
+        only its NOTES.md takes a first copy. ``dest`` may not be a
         study folder that holds runs, a copy of another study or of this one at another preset,
         or lie inside this study. A running study's copy is what it has written so far (each file
         whole; a file rewritten meanwhile may be a run newer than the others). Returns ``dest``."""
@@ -311,6 +314,8 @@ def _refuse_publishing_over(dest: Path, name: str | None, preset: str | None) ->
     """Refuse a non-empty ``dest`` that is not an earlier published copy of study ``name`` at
     ``preset`` (a copy of the converged scale is not replaced by a smoke test's)."""
     other = StudyDir(dest)
+    if [p.name for p in dest.iterdir()] == [NOTES] and (dest / NOTES).is_file():
+        return  # notes written before the study's first copy: kept beside it
     if not other.is_study():
         raise AttnlabError(
             f"--publish {dest} is not empty and is not a study folder; choose another folder"
