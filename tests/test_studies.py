@@ -134,14 +134,14 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
     assert len(results["comparisons"]) == 9
     _check_statistics(results)
 
-    # The wall-clock budget: mechanism iters * the step-time ratio timed side by side on the
-    # seed-0 runs; the runs' own logged times are kept beside it for comparison.
+    # The wall-clock budget: mechanism iters * the step-time ratio timed side by side on both
+    # arms' models; the report gives the runs' own logged ratio beside it for comparison.
     clock = json.loads((out / "study.json").read_text())["wallclock"]["vanilla-128-wallclock"]
-    assert clock["timed_runs"] == [str(out / "runs" / v / "seed0") for v in KV_PAIR]
     assert clock["reps"] == 30 and clock["threads"] >= 1
     assert clock["ratio_iqr"][0] <= clock["ratio"] <= clock["ratio_iqr"][1]
     sps = {v: [r["sec_per_step"] for r in runs if r["variant"] == v] for v in KV_PAIR}
-    assert clock["logged_ratio"] == pytest.approx(sum(sps[KV_PAIR[1]]) / sum(sps[KV_PAIR[0]]))
+    logged = sum(sps[KV_PAIR[1]]) / sum(sps[KV_PAIR[0]])
+    assert f"The runs' own logged step times give {logged:.3f}x" in (out / "report.md").read_text()
     budget = round(20 * clock["ratio"])
     assert clock["iters"] == budget
     assert {r["iters"] for r in runs if r["variant"] == "vanilla-128-wallclock"} == {budget}

@@ -190,9 +190,6 @@ def test_step_timings_compile_where_the_runs_train_compiled(
     """The wall-clock budget's side-by-side timing and a plan's step time timed eager models
     while the runs trained compiled (the converged qkve and gates scales): both follow the
     runs' ``compile`` now."""
-    from conftest import tiny_model, tiny_train
-
-    from attnlab.rundir import RunConfig, RunDir
     from attnlab.studies import jobs
 
     asked: list[bool] = []
@@ -202,29 +199,21 @@ def test_step_timings_compile_where_the_runs_train_compiled(
         return (lambda: None), None
 
     monkeypatch.setattr(jobs, "train_step", fake_step)
-    monkeypatch.setattr(lm_plan, "train_step", fake_step)
-    made = {}
     for compiled in (False, True):
-        folders = made[compiled] = []
-        for arm in ("base", "mech"):
-            folder = tmp_path / f"{arm}-{compiled}"
-            folder.mkdir()
-            train = tiny_train(compile=compiled)
-            RunDir(folder).write_config(RunConfig(tiny_model(), train, str(tiny_data)))
-            folders.append(str(folder))
+        arms = [
+            jobs.Job(arm, 0, "shakespeare-char", {}, {"compile": compiled}, str(tiny_data), "")
+            for arm in ("base", "mech")
+        ]
         asked.clear()
-        jobs.time_steps(jobs.Pace(*folders, reps=2))
+        jobs.time_steps(jobs.Pace(*arms, reps=2))
         assert asked == [compiled, compiled]
-        asked.clear()  # the budget's own setting wins over the runs' (a copied run's, say)
-        jobs.time_steps(jobs.Pace(*folders, reps=2, compile=not compiled))
-        assert asked == [not compiled, not compiled]
     spec = tmp_path / "compiled.toml"
     spec.write_text(SPEC.replace('device = "cpu" }', 'device = "cpu", compile = true }'))
     asked.clear()
     plan_study(load_spec(str(spec)), "ci", tmp_path / "out", data=tiny_data)
     assert asked == [True, True]  # base and kv; the wall-clock arm is base's model
-    # the wall-clock budget times both arms as the spec trains them (compiled), though these
-    # runs trained eager
+    # the wall-clock budget times both arms as the spec trains them (compiled), and gives the
+    # baseline the mechanism's 4 iterations times the ratio
     paces: list[jobs.Pace] = []
 
     def pool(work, items, n_jobs, on_done) -> None:  # the timing, at once
@@ -245,12 +234,9 @@ def test_step_timings_compile_where_the_runs_train_compiled(
         False,
         None,
     )
-    finished = [
-        {"variant": v, "seed": 0, "status": "ok", "iters": 4, "run_dir": made[False][i]}
-        for i, v in enumerate(("base", "kv"))
-    ]
-    assert lm.wallclock_budget(study, finished, "base", "kv")["iters"] == 6
-    assert [p.compile for p in paces] == [True]
+    assert lm.wallclock_budget(study, "base-wallclock")["iters"] == 6
+    assert [(p.baseline.variant, p.mechanism.variant) for p in paces] == [("base-wallclock", "kv")]
+    assert [p.mechanism.train["compile"] for p in paces] == [True]
 
 
 def test_a_plan_prepares_no_shipped_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,17 +60,20 @@ def test_progress_lines_and_results_after_every_run(tmp_path: Path, tiny_data: P
 
     def progress(line: str) -> None:
         lines.append(line)
-        # results.json is already rewritten when the line for a run arrives
-        seen_runs.append(len(json.loads((out / "results.json").read_text())["runs"]))
+        # results.json is already rewritten when the line for a run arrives (the timing's
+        # comes before the first)
+        results = out / "results.json"
+        seen_runs.append(len(json.loads(results.read_text())["runs"]) if results.exists() else 0)
 
     run_study(_spec(), "ci", out, data=tiny_data, progress=progress, command="attnlab study x")
-    # 2 variants + the wall-clock-matched baseline, 2 seeds; seed-major order for the first two,
-    # then the side-by-side timing that sets the wall-clock-matched budget
-    assert lines.pop(4) == (
+    # first the side-by-side timing that sets the wall-clock-matched budget (before anything
+    # trains); then 2 variants + the wall-clock-matched baseline, 2 seeds, seed-major order for
+    # the first two
+    assert lines.pop(0) == (
         "timing kv against base side by side (30 interleaved training steps each) "
         "for the wall-clock-matched budget"
     )
-    assert len(lines) == 6 and seen_runs == [1, 2, 3, 4, 4, 5, 6]
+    assert len(lines) == 6 and seen_runs == [0, 1, 2, 3, 4, 5, 6]
     order = [re.match(r"\[\d/6\] (\S+) seed (\d)", line).groups() for line in lines]
     assert order[:4] == [("base", "0"), ("kv", "0"), ("base", "1"), ("kv", "1")]
     assert {o[0] for o in order[4:]} == {"base-wallclock"}
@@ -152,23 +155,29 @@ def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
     tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     timed: list[jobs.Pace] = []
+    out = tmp_path / "study"
+    trained_then: list[list[Path]] = []
 
     def fixed_ratio(pace: jobs.Pace, threads: int | None = None) -> dict:
         timed.append(pace)
+        trained_then.append(list(out.glob("runs/*/seed*/summary.json")))
         return fixed_pace()(pace)
 
     monkeypatch.setattr(lm, "time_steps", fixed_ratio)
-    out = tmp_path / "study"
     run_study(_spec(), "ci", out, seeds=1, data=tiny_data)
-    assert [(p.baseline_run, p.mechanism_run) for p in timed] == [
-        (str(out / "runs/base/seed0"), str(out / "runs/kv/seed0"))
-    ]
+    # both arms' models as their runs train them, timed before any run trains (the wall-clock
+    # runs then queue with the others: no --jobs slot waits for the last equal-iteration runs)
+    assert [(p.baseline.variant, p.mechanism.variant) for p in timed] == [("base-wallclock", "kv")]
+    base, mech = (jobs.planned(job) for job in (timed[0].baseline, timed[0].mechanism))
+    assert (base.model.n_embd, mech.model.n_embd, mech.model.use_m_gate) == (32, 24, True)
+    assert base.train.batch_size == mech.train.batch_size == 4 and base.train.max_iters == 8
+    assert trained_then == [[]]
     runs = json.loads((out / "results.json").read_text())["runs"]
     assert {r["variant"]: r["iters"] for r in runs} == {"base": 8, "kv": 8, "base-wallclock": 12}
     report = (out / "report.md").read_text()
     assert (
         "kv takes 1.500x the time per training step of base (the median of paired step ratios, "
-        "IQR 1.400-1.600; median step times 300.0 vs 200.0 ms), timed side by side: 30 interleaved steps each of the first seed's models on 1 thread(s)."
+        "IQR 1.400-1.600; median step times 300.0 vs 200.0 ms), timed side by side: 30 interleaved steps each of both arms' models on 1 thread(s)."
     ) in report
     assert "`base-wallclock` trains base for 12 iterations." in report
 
@@ -177,13 +186,21 @@ def test_wallclock_budget_is_the_side_by_side_ratio_not_the_logged_times(
     assert len(timed) == 1
 
 
-def test_time_steps_times_both_runs_and_leaves_the_random_stream(
-    tmp_path: Path, tiny_data: Path
-) -> None:
-    out = tmp_path / "study"
-    run_study(_spec(), "ci", out, seeds=1, data=tiny_data, variants=["base", "kv"])
+def test_time_steps_times_both_jobs_and_leaves_the_random_stream(tiny_data: Path) -> None:
+    arms = {
+        name: jobs.Job(
+            name,
+            0,
+            v["preset"],
+            {**TWO_ARMS["scale"]["ci"]["model"], **v.get("model", {})},
+            TWO_ARMS["scale"]["ci"]["train"],
+            str(tiny_data),
+            "",
+        )
+        for name, v in TWO_ARMS["variants"].items()
+    }
     before = torch.random.get_rng_state()
-    pace = jobs.Pace(str(out / "runs/base/seed0"), str(out / "runs/kv/seed0"), reps=3, warmup=1)
+    pace = jobs.Pace(arms["base"], arms["kv"], reps=3, warmup=1)
     threads = torch.get_num_threads()
     try:
         got = jobs.time_steps(pace, threads=1)

@@ -1,7 +1,7 @@
 """The units of work of a study, their workers and the pool that runs them.
 
-A ``Job`` is one training run of an lm study; a ``Pace`` the side-by-side timing of two finished
-runs' models behind a wall-clock match; a ``Cell`` one retrieval table cell under one protocol.
+A ``Job`` is one training run of an lm study; a ``Pace`` the side-by-side timing of two jobs'
+models behind a wall-clock match; a ``Cell`` one retrieval table cell under one protocol.
 Their workers (``train_one``, ``time_steps``, ``score_cell``) run in-process or in spawned
 processes (``run_all``, with the threads a run gets), so all must stay importable at module level.
 """
@@ -22,7 +22,12 @@ import torch
 from attnlab.analysis.retrieval import run_retrieval
 from attnlab.bench.timing import interleaved, synchronizer, train_step
 from attnlab.config import INCIDENTAL, ModelConfig, TrainConfig, train_fields
-from attnlab.data.prepare import fingerprint_change, is_data_folder, read_fingerprint
+from attnlab.data.prepare import (
+    data_vocab_size,
+    fingerprint_change,
+    is_data_folder,
+    read_fingerprint,
+)
 from attnlab.device import autocast_dtype, resolve_device
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir, finished_summary
@@ -51,15 +56,12 @@ class Job:
 
 @dataclass(frozen=True)
 class Pace:
-    """Time one training step of two finished runs' models, interleaved, in one process."""
+    """Time one training step of two jobs' models, as their runs train them, interleaved."""
 
-    baseline_run: str
-    mechanism_run: str
+    baseline: Job
+    mechanism: Job
     reps: int
     warmup: int = 2
-    # both arms under torch.compile or neither, as the runs the budget is for train (a copied
-    # or resumed run may have trained otherwise); None: each run's own setting
-    compile: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -172,31 +174,38 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
         }
 
 
+def job_step(job: Job) -> tuple[Callable[[], None], torch.device]:
+    """One training step of ``job``'s model as its runs train it (batch size, device, precision,
+    torch.compile; random tokens of the data's vocabulary), and the device it runs on. Fresh
+    weights: a step takes as long whatever they hold."""
+    plan = planned(job)
+    model = plan.model
+    if plan.vocab_from_data:
+        model = model.replace(vocab_size=data_vocab_size(job.data))
+    device = resolve_device(plan.train.device)
+    step, _ = train_step(
+        model,
+        plan.train.batch_size,
+        device,
+        compile=plan.train.compile,  # compiled in the first (warm-up) step
+        amp_dtype=autocast_dtype(plan.train.dtype, device),
+    )
+    return step, device
+
+
 def time_steps(pace: Pace, threads: int | None = None) -> dict[str, Any]:
-    """Median seconds per training step of both runs' models (their saved configs: batch size,
-    device, precision, torch.compile; random tokens) and the median per-repetition ratio
-    mechanism/baseline.
+    """Median seconds per training step of both jobs' models and the median per-repetition
+    ratio mechanism/baseline.
 
     Both arms are timed alternately in one process, so load from other work on the machine falls
     on both alike; the runs' own logged step times do not share that protection.
     """
     if threads is not None:
         torch.set_num_threads(threads)
-    steps = {}
-    for arm, folder in (("baseline", pace.baseline_run), ("mechanism", pace.mechanism_run)):
-        config = RunDir(folder).read_config()
-        device = resolve_device(config.train.device)
-        amp = autocast_dtype(config.train.dtype, device)
-        with torch.random.fork_rng(devices=[]):  # the timing's init must not move a run's stream
-            steps[arm] = train_step(
-                config.model,
-                config.train.batch_size,
-                device,
-                # compiled in the warm-up
-                compile=config.train.compile if pace.compile is None else pace.compile,
-                amp_dtype=amp,
-            )[0]
-    timings = interleaved(steps, "baseline", pace.reps, pace.warmup, synchronizer(device))
+    with torch.random.fork_rng(devices=[]):  # the timing must not move a run's stream
+        (base, device), (mech, _) = job_step(pace.baseline), job_step(pace.mechanism)
+        steps = {"baseline": base, "mechanism": mech}
+        timings = interleaved(steps, "baseline", pace.reps, pace.warmup, synchronizer(device))
     base, mech = timings["baseline"], timings["mechanism"]
     return {
         "baseline_sec_per_step": base.median_s,

@@ -3,7 +3,7 @@
 Seed ``s`` is the training seed of every variant, so paired runs see the same initial stream and
 the same batches; each comparison is a paired t-test over seeds, Holm-corrected over the study.
 A wall-clock-matched variant retrains its baseline for as many iterations as take the
-mechanism's time, so it runs after the others. Runs live in ``OUT/runs/<variant>/seed<s>``: a
+mechanism's time, timed before anything trains, so its runs queue behind the others. Runs live in ``OUT/runs/<variant>/seed<s>``: a
 finished run is not retrained, an unfinished one resumes from its ``latest/`` checkpoint and a
 run that raises is recorded as failed (its error in results.json) while the others go on.
 """
@@ -78,14 +78,14 @@ class LanguageModel:
             _jobs(study, names, _budget_iters(budgets))
 
     def run(self, study: Study) -> Outcome:
-        """Every run, then the wall-clock-matched ones; publish after each finished run.
+        """Every run, the wall-clock-matched ones last; publish after each finished run.
 
         A wall-clock budget, once computed, is kept in study.json and reused when the study is
         resumed, so every seed of a wall-clock-matched variant trains for the same iterations.
         A variant the invocation does not train (``--variants``) is still reported from its
         finished runs (a wall-clock-matched one needs its kept budget); its budget stays too.
         """
-        spec, seeds = study.spec, study.seeds
+        spec = study.spec
         clocked = [n for n, v in spec.variants.items() if v.clock_of]
         first = [n for n in spec.variants if n not in clocked]
         runs: list[dict[str, Any]] = []
@@ -141,28 +141,15 @@ class LanguageModel:
         if earlier:
             publish([train_one(job) for job in earlier])
         done = {job.run_dir for job in earlier}
-        run_all(train_one, [j for j in first_jobs if j.run_dir not in done], study.jobs, on_done)
-        timed: dict[str, Any] = {}  # the budgets timed now, after the runs they are timed from
-        for name in clocked:
-            v = spec.variants[name]
-            if name not in budgets and spec.trains(name):
-                budget = wallclock_budget(study, runs, v.matches or "", v.clock_of or "")
-                if budget is not None:
-                    budgets[name] = timed[name] = budget
-        later = kept_jobs + _jobs(study, list(timed), _budget_iters(timed))
-        run_all(train_one, [j for j in later if j.run_dir not in done], study.jobs, on_done)
+        # The budgets not yet kept are timed now, before anything trains: the machine is as idle
+        # as the timing wants, and their runs then queue behind the others, not after them all
+        # (a slot of --jobs would idle while the last equal-iteration runs finish).
         for name in clocked:
             if name not in budgets and spec.trains(name):
-                runs += [
-                    {
-                        "variant": name,
-                        "seed": s,
-                        "status": "failed",
-                        "run_dir": str(study.out.run_dir(name, s)),
-                        "error": "no finished runs to time the wall-clock budget from",
-                    }
-                    for s in spec.seeds_of(name, study.preset, seeds)
-                ]
+                budgets[name] = wallclock_budget(study, name)
+        clocked_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
+        queue = [job for job in first_jobs + clocked_jobs if job.run_dir not in done]
+        run_all(train_one, queue, study.jobs, on_done)
         analyses = run_analyses(study, runs, analyses)
         extra = {"wallclock": budgets, "reused": reused, "analyses": analyses}
         return _outcome(study, runs, extra, folders, data)
@@ -324,33 +311,28 @@ def _jobs(study: Study, names: list[str], budgets: dict[str, int]) -> list[Job]:
     already holds complete pairs; runs that finished earlier go first, so a resumed study
     reports everything it has before it trains again. A variant the study does not train
     (``--variants``) has only its finished runs here: they are reported, never trained."""
-    spec, preset = study.spec, study.preset
-    arms = []
-    for name in names:
-        seeds = _considered(study, name)
-        if not seeds:
-            continue
-        variant = spec.variants[name]
-        model, train = spec.layered(variant, preset)
-        folder = _data_folder(study, variant)
-        arms.append((name, seeds, variant.preset, model, train, folder))
+    arms = [(_arm(study, name), seeds) for name in names if (seeds := _considered(study, name))]
     jobs = [
-        Job(
-            name,
-            seed,
-            variant_preset,
-            model,
-            train,
-            folder,
-            str(study.out.run_dir(name, seed)),
-            budgets.get(name),
+        replace(
+            arm,
+            seed=seed,
+            run_dir=str(study.out.run_dir(arm.variant, seed)),
+            max_iters=budgets.get(arm.variant),
         )
         for seed in study.seeds
-        for name, seeds, variant_preset, model, train, folder in arms
+        for arm, seeds in arms
         if seed in seeds
     ]
     refuse_other_setups(jobs)
     return sorted(jobs, key=lambda job: finished_summary(job.run_dir) is None)  # stable
+
+
+def _arm(study: Study, name: str) -> Job:
+    """What every run of variant ``name`` shares (its preset, values and data folder), as a job
+    of seed 0 without a folder."""
+    variant = study.spec.variants[name]
+    model, train = study.spec.layered(variant, study.preset)
+    return Job(name, 0, variant.preset, model, train, _data_folder(study, variant), "")
 
 
 def _budget_iters(budgets: dict[str, dict[str, Any]]) -> dict[str, int]:
@@ -407,26 +389,18 @@ def kept_budgets(study: Study) -> dict[str, dict[str, Any]]:
     return kept
 
 
-def wallclock_budget(
-    study: Study, runs: list[dict[str, Any]], baseline: str, mechanism: str
-) -> dict[str, Any] | None:
-    """Iterations for ``baseline`` that take as long as ``mechanism``'s runs.
+def wallclock_budget(study: Study, name: str) -> dict[str, Any]:
+    """Iterations for the wall-clock-matched variant ``name`` (its baseline's model) that take
+    as long as its mechanism's run.
 
-    ``iters = mechanism iters (mean over seeds) * step-time ratio``, the ratio timed side by side
-    (``time_steps``) on the first seed's finished runs of both arms, with the threads a run gets:
-    the runs' own logged step times include whatever else shared the machine while each trained.
-    None when either arm has no finished run.
+    ``iters = the mechanism's iterations * step-time ratio``, the ratio timed side by side
+    (``time_steps``: both arms' models as their runs train them, interleaved, with the threads a
+    run gets), not taken from the runs' logged step times: those include whatever else shared
+    the machine while each trained.
     """
-    base = _finished(runs, baseline)
-    mech = _finished(runs, mechanism)
-    if not base or not mech:
-        return None
-    first = [min(arm, key=lambda r: r["seed"])["run_dir"] for arm in (base, mech)]
-    variant = study.spec.variants[mechanism]
-    model, train = study.spec.layered(variant, study.preset)
-    # the path is never read: only the training config is wanted
-    recipe = planned(Job(mechanism, 0, variant.preset, model, train, "(unused)", "")).train
-    pace = Pace(*first, WALLCLOCK_REPS, compile=recipe.compile)
+    v = study.spec.variants[name]
+    baseline, mechanism = v.matches or "", v.clock_of or ""
+    pace = Pace(_arm(study, name), _arm(study, mechanism), WALLCLOCK_REPS)
     if study.progress is not None:
         study.progress(
             f"timing {mechanism} against {baseline} side by side ({pace.reps} interleaved "
@@ -434,14 +408,11 @@ def wallclock_budget(
         )
     timed: list[dict[str, Any]] = []
     run_all(time_steps, [pace], study.jobs, lambda _i, result, _s: timed.append(result))
-    mech_iters = sum(r["iters"] for r in mech) / len(mech)
-    logged = all(r.get("sec_per_step") for r in base + mech)
+    mech_iters = planned(pace.mechanism).train.max_iters
     return {
         "baseline": baseline,
         "mechanism": mechanism,
         **timed[0],
-        "timed_runs": [pace.baseline_run, pace.mechanism_run],
-        "logged_ratio": _mean_sps(mech) / _mean_sps(base) if logged else None,
         "iters": max(1, round(mech_iters * timed[0]["ratio"])),
     }
 

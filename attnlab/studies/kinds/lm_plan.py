@@ -14,12 +14,10 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.timing import synchronizer, train_step
-from attnlab.data.prepare import data_vocab_size
-from attnlab.device import autocast_dtype, resolve_device
+from attnlab.bench.timing import synchronizer
 from attnlab.rundir import RunDir, finished_summary
 from attnlab.studies import output
-from attnlab.studies.jobs import Job, planned
+from attnlab.studies.jobs import Job, job_step, planned
 from attnlab.studies.kinds.base import Study
 from attnlab.train import checkpoint as ckpt
 
@@ -29,23 +27,11 @@ EVAL_STEP_FRACTION = 1 / 3
 
 
 def step_seconds(job: Job) -> float:
-    """Median seconds of one training step of ``job``'s model, as its runs train it (batch
-    size, device, precision, torch.compile), after one warm-up step; random tokens of the
-    data's vocabulary."""
-    plan = planned(job)
-    model = plan.model
-    if plan.vocab_from_data:
-        model = model.replace(vocab_size=data_vocab_size(job.data))
-    device = resolve_device(plan.train.device)
-    sync = synchronizer(device)
+    """Median seconds of one training step of ``job``'s model, as its runs train it
+    (``job_step``), after one warm-up step."""
     with torch.random.fork_rng(devices=[]):
-        step, _ = train_step(
-            model,
-            plan.train.batch_size,
-            device,
-            compile=plan.train.compile,
-            amp_dtype=autocast_dtype(plan.train.dtype, device),
-        )
+        step, device = job_step(job)
+        sync = synchronizer(device)
         step()  # the warm-up: compiles the model where the runs train compiled
         times = []
         for _ in range(PLAN_REPS):

@@ -248,7 +248,7 @@ def _reused_lines(record: dict[str, Any]) -> list[str]:
 
 
 def _wallclock_lines(record: dict[str, Any]) -> list[str]:
-    lines = []
+    lines, variants = [], record.get("variants") or {}
     for name, b in record.get("wallclock", {}).items():
         speeds = (
             f"**Wall-clock matching.** {b['mechanism']} takes {b['ratio']:.3f}x the time per "
@@ -264,13 +264,14 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
             low, high = b["ratio_iqr"]
             how = (
                 f" (the median of paired step ratios, IQR {low:.3f}-{high:.3f}; median step times "
-                f"{times}), timed side by side: {b['reps']} interleaved steps each of the first "
-                f"seed's models on {b['threads']} thread(s)."
+                f"{times}), timed side by side: {b['reps']} interleaved steps each of both arms' "
+                f"models on {b['threads']} thread(s)."
             )
-            if b.get("logged_ratio"):
+            logged = [variants.get(b[k], {}).get("sec_per_step") for k in ("mechanism", "baseline")]
+            if all(logged):
                 how += (
-                    f" (The runs' own logged step times give {b['logged_ratio']:.3f}x, but they "
-                    "include whatever else ran on the machine during each run.)"
+                    f" (The runs' own logged step times give {logged[0] / logged[1]:.3f}x, but "
+                    "they include whatever else ran on the machine during each run.)"
                 )
         else:  # a budget an earlier attnlab computed, kept so that every seed trains alike
             how = (
