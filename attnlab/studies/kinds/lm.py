@@ -3,9 +3,10 @@
 Seed ``s`` is the training seed of every variant, so paired runs see the same initial stream and
 the same batches; each comparison is a paired t-test over seeds, Holm-corrected over the study.
 A wall-clock-matched variant retrains its baseline for as many iterations as take the
-mechanism's time, timed before anything trains, so its runs queue behind the others. Runs live in ``OUT/runs/<variant>/seed<s>``: a
-finished run is not retrained, an unfinished one resumes from its ``latest/`` checkpoint and a
-run that raises is recorded as failed (its error in results.json) while the others go on.
+mechanism's time, timed before anything trains, so its runs queue behind the others. Runs live
+in ``OUT/runs/<variant>/seed<s>``: a finished run is not retrained, an unfinished one resumes
+from its ``latest/`` checkpoint and a run that raises is recorded as failed (its error in
+results.json) while the others go on.
 """
 
 from __future__ import annotations
