@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/attnlab demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 -q --durations=10
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m slow
