@@ -18,6 +18,7 @@ from attnlab.studies import output
 from attnlab.studies import spec as spec_format
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.output import StudyDir
+from attnlab.studies.progress import duration
 from attnlab.studies.runner import INVOCATION_FIELDS, run_study
 from attnlab.studies.spec import list_studies, load_spec, parse_spec
 
@@ -142,6 +143,13 @@ def test_kv_bias_ci_study_end_to_end_and_resume(tmp_path: Path, tiny_data: Path)
     sps = {v: [r["sec_per_step"] for r in runs if r["variant"] == v] for v in KV_PAIR}
     logged = sum(sps[KV_PAIR[1]]) / sum(sps[KV_PAIR[0]])
     assert f"The runs' own logged step times give {logged:.3f}x" in (out / "report.md").read_text()
+    # what the runs cost in all, from their own training times
+    walls = [r["wall_s"] for r in runs]
+    assert (
+        f"**Training time.** The {len(runs)} finished runs trained for {duration(sum(walls))} in "
+        f"all, {duration(min(walls))} to {duration(max(walls))} a run: each run's time in its "
+        "training steps, evaluations and start-up aside (results.csv's wall_s)."
+    ) in (out / "report.md").read_text()
     budget = round(20 * clock["ratio"])
     assert clock["iters"] == budget
     assert {r["iters"] for r in runs if r["variant"] == "vanilla-128-wallclock"} == {budget}

@@ -18,6 +18,7 @@ from test_folder_safety import snapshot
 from attnlab.errors import AttnlabError
 from attnlab.studies import jobs
 from attnlab.studies.kinds import lm, lm_report
+from attnlab.studies.progress import Tracker
 from attnlab.studies.runner import run_study
 from attnlab.studies.spec import load_spec, parse_spec
 from attnlab.train.trainer import Trainer
@@ -428,3 +429,15 @@ def test_a_study_refuses_runs_of_the_same_text_under_other_ids(
         f"{meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens)))"
     ) in str(e.value)
     assert snapshot(out) == before
+
+
+def test_the_eta_counts_a_resumed_run_at_its_whole_length() -> None:
+    """A study resumed mid-run gave an ETA from the part of that run trained in this invocation
+    (28 min of a 49-minute run): half the time really left. Each computed run now counts at the
+    longer of its time here and its training time in all."""
+    lines: list[str] = []
+    tracker = Tracker(6, lines.append, parallel=2)
+    tracker.done("a seed 0", "done", 5.0, cached=True)  # found finished: not in the ETA
+    tracker.done("b seed 0", "done", 100.0, whole=90.0)  # fresh: its time here (evals too)
+    tracker.done("c seed 0", "done", 40.0, whole=100.0)  # resumed: 60 of its 100 s trained before
+    assert lines[-1] == "[3/6] c seed 0: done (40 s); 3 left, ETA 2 min 30 s"  # 100 s x 3 / 2

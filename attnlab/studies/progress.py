@@ -11,8 +11,9 @@ Progress = Callable[[str], None]
 class Tracker:
     """Counts finished units of work and reports each as one line with what is left and an ETA.
 
-    The ETA averages the units actually computed in this invocation (not ones found finished)
-    and divides by how many run at a time.
+    The ETA averages the units actually computed in this invocation (not ones found finished),
+    each at its whole length (``whole``: a resumed run's time in all, not only the part trained
+    now), and divides by how many run at a time.
     """
 
     def __init__(self, total: int, progress: Progress | None, parallel: int = 1) -> None:
@@ -20,11 +21,15 @@ class Tracker:
         self.finished = self.computed = 0
         self.seconds = 0.0
 
-    def done(self, what: str, result: str, seconds: float, cached: bool = False) -> None:
+    def done(
+        self, what: str, result: str, seconds: float, cached: bool = False, whole: float = 0.0
+    ) -> None:
+        """``what`` finished with ``result`` after ``seconds`` in this invocation; ``whole``, when
+        longer, is its length in all (a run resumed here had trained for part of it before)."""
         self.finished += 1
         if not cached:
             self.computed += 1
-            self.seconds += seconds
+            self.seconds += max(seconds, whole)
         if self.progress is None:
             return
         left = self.total - self.finished

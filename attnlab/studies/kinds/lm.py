@@ -128,7 +128,9 @@ class LanguageModel:
                 else:
                     result = f"FAILED {row.get('error', '')}"
                 what = f"{row['variant']} seed {row['seed']}"
-                tracker.done(what, result, row.get("seconds", 0), row["skipped"])
+                # a resumed run's training time in all (wall_s) sets the ETA, not its part here
+                whole = row.get("wall_s") or 0.0
+                tracker.done(what, result, row.get("seconds", 0), row["skipped"], whole)
 
         def on_done(_index: int, row: dict[str, Any], _wall: float) -> None:
             publish([row])

@@ -11,6 +11,7 @@ from attnlab.plotting import legend_outside, pyplot, save_figure
 from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import CONVERGED_WITHIN, LAST_FRACTION, figure_link, val_curve
+from attnlab.studies.progress import duration
 from attnlab.studies.report import md_table, num, p_cell, p_value
 from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, MAX_SEEDS, POWER
 
@@ -47,6 +48,7 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
         *_convergence_lines(results["runs"]),
         *_unigram_lines(results["runs"], record),
         *_shared_cpu_lines(record),
+        *_training_time_lines(results["runs"], record),
         *_reused_lines(record),
         *_wallclock_lines(record),
         "## Comparisons",
@@ -188,6 +190,21 @@ def _shared_cpu_lines(record: dict[str, Any]) -> list[str]:
         f"{jobs}`), so a run's ms/step is its mean step while sharing the machine with whichever "
         "runs trained beside it: it shows load as much as cost. Step costs are compared side by "
         f"side by `attnlab bench`{timed}.",
+        "",
+    ]
+
+
+def _training_time_lines(runs: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
+    """What the finished runs cost in all: the figure to plan a rerun or a longer budget by (a
+    resumed study's wall time covers only its last invocations)."""
+    times = [r["wall_s"] for r in runs if r.get("status") == "ok" and r.get("wall_s")]
+    if not times:
+        return []
+    copied = " (a copied run: where it trained)" if record.get("reused") else ""
+    return [
+        f"**Training time.** The {len(times)} finished runs trained for {duration(sum(times))} "
+        f"in all, {duration(min(times))} to {duration(max(times))} a run: each run's time in its "
+        f"training steps{copied}, evaluations and start-up aside (results.csv's wall_s).",
         "",
     ]
 
