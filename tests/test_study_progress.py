@@ -441,3 +441,28 @@ def test_the_eta_counts_a_resumed_run_at_its_whole_length() -> None:
     tracker.done("b seed 0", "done", 100.0, whole=90.0)  # fresh: its time here (evals too)
     tracker.done("c seed 0", "done", 40.0, whole=100.0)  # resumed: 60 of its 100 s trained before
     assert lines[-1] == "[3/6] c seed 0: done (40 s); 3 left, ETA 2 min 30 s"  # 100 s x 3 / 2
+
+
+def test_a_budget_is_kept_before_any_run_finishes(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget reached study.json only with a finished run: a study stopped before then timed
+    again on resume, and a new budget refused its own unfinished wall-clock runs."""
+    timed: list[jobs.Pace] = []
+    monkeypatch.setattr(
+        lm, "time_steps", lambda pace, threads=None: timed.append(pace) or fixed_pace()(pace)
+    )
+    original = Trainer.run
+
+    def stop(self: Trainer, until: int | None = None) -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "run", stop)
+    out = tmp_path / "study"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_spec(), "ci", out, seeds=1, data=tiny_data)
+    kept = json.loads((out / "study.json").read_text())["wallclock"]["base-wallclock"]
+    assert (kept["ratio"], kept["iters"]) == (1.5, 12)
+    monkeypatch.setattr(Trainer, "run", original)
+    run_study(_spec(), "ci", out, seeds=1, data=tiny_data)
+    assert len(timed) == 1  # resumed on the kept budget, not timed again

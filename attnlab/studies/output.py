@@ -221,8 +221,9 @@ class StudyDir:
         replacing an earlier copy of this study whole; anything else already there (a
         hand-written NOTES.md, as it is, links kept as links) is kept, and a folder holding
         only its NOTES.md takes a first copy. ``dest`` may not be a study folder that holds
-        runs, a copy of another study or of this one at another preset, or lie inside this study. A running study's copy is what it has written so far (each file
-        whole; a file rewritten meanwhile may be a run newer than the others). Returns ``dest``."""
+        runs, a copy of another study or of this one at another preset, or lie inside this
+        study. A running study's copy is what it has written so far (each file whole; a file
+        rewritten meanwhile may be a run newer than the others). Returns ``dest``."""
         dest = self.check_publish(dest)
         # the records of the runs results.json lists (one finished since is not in the copy's)
         listed = (

@@ -147,9 +147,11 @@ class LanguageModel:
         # The budgets not yet kept are timed now, before anything trains: the machine is as idle
         # as the timing wants, and their runs then queue behind the others, not after them all
         # (a slot of --jobs would idle while the last equal-iteration runs finish).
-        for name in clocked:
-            if name not in budgets and spec.trains(name):
-                budgets[name] = wallclock_budget(study, name)
+        untimed = [n for n in clocked if n not in budgets and spec.trains(n)]
+        for name in untimed:
+            budgets[name] = wallclock_budget(study, name)
+        if untimed:  # kept in study.json now: a run stopped before any finishes resumes on it
+            publish([])
         clocked_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
         queue = [job for job in first_jobs + clocked_jobs if job.run_dir not in done]
         run_all(train_one, queue, study.jobs, on_done)
