@@ -16,6 +16,28 @@ from attnlab.fsutil import check_writable
 SMOKE = "SMOKE TEST (--quick): tiny models, not a measurement"
 # the PNG text entry every figure carries, so that a later run knows the file is attnlab's
 MARK_KEY, MARK = "Software", "attnlab"
+# markers and line styles cycle beside the ten colours, so coinciding series stay apart
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def series_style(i: int) -> dict[str, str]:
+    """The colour, marker and line style of a figure's ``i``-th series."""
+    return {
+        "color": f"C{i % 10}",
+        "marker": MARKERS[i % len(MARKERS)],
+        "ls": LINESTYLES[i % len(LINESTYLES)],
+    }
+
+
+def series_styles(names: list[str], order: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """Each named series' style by its place in ``order`` (a study's runs: a variant looks the
+    same in every figure of its report, whichever runs a figure shows), else among ``names``."""
+    order = order or []
+    return {
+        name: series_style(order.index(name) if name in order else i)
+        for i, name in enumerate(names)
+    }
 
 
 def written_by_attnlab(path: Path) -> bool:

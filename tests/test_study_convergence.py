@@ -216,7 +216,7 @@ def test_the_curves_show_the_convergence_window(
     monkeypatch.setattr(
         lm_report, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
     )
-    assert lm_report.plot_curves(runs, tmp_path / "curves.png", "t")
+    assert lm_report.plot_curves(runs, tmp_path / "curves.png", "t", ["a", "b", "a-wallclock"])
     (ax,) = figures[0].axes
     (span,) = [p for p in ax.patches if "convergence window" in p.get_label()]
     assert (span.get_x(), span.get_x() + span.get_width()) == pytest.approx((80.0, 100.0))
@@ -280,12 +280,40 @@ def test_converged_scales_plateau_settings() -> None:
         assert converged.seeds >= 3 and converged.notes
 
 
-def test_gates_study_measures_sink_and_sparsity(tmp_path: Path, tiny_data: Path) -> None:
+def test_gates_study_measures_sink_and_sparsity(
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gate-position study's own analyses: the first-token mass of every arm and each
-    gate's sparsity, from the seed-0 runs, as the report's sections and figures."""
+    gate's sparsity, from the seed-0 runs, as the report's sections and figures; a variant
+    keeps its colour, marker and line style in every figure of the report."""
+    from attnlab.analysis import gates as gate_analysis
+    from attnlab.analysis import sink as sink_analysis
+    from attnlab.studies.kinds import lm_report
+
+    figures = {}  # each figure's last drawing
+    for module in (gate_analysis, sink_analysis, lm_report):
+        save = module.save_figure
+        monkeypatch.setattr(
+            module,
+            "save_figure",
+            lambda fig, path, save=save: (
+                figures.__setitem__(Path(path).stem, fig) or save(fig, path)
+            ),
+        )
     out = tmp_path / "gates"
     arms = ["no-gate", "value-gate", "output-gate", "both"]
     done = run_study(load_spec("gates"), "ci", out, seeds=1, data=tiny_data, variants=arms)
+    styles = {}  # variant -> every style it was drawn in, over the three figures' panels
+    for name in ("curves", "sink", "sparsity"):
+        for ax in figures[name].axes:
+            for line in ax.get_lines():
+                variant = line.get_label().split(" ")[0]
+                if variant in arms:
+                    style = (line.get_color(), line.get_marker(), line.get_linestyle())
+                    styles.setdefault(variant, set()).add(style)
+    assert sorted(styles) == sorted(arms)
+    assert all(len(drawn) == 1 for drawn in styles.values()), styles
+    assert len({next(iter(drawn)) for drawn in styles.values()}) == len(arms)
     analyses = done["study"]["analyses"]
     assert "error" not in analyses["sink"] and "error" not in analyses["sparsity"]
     sink = analyses["sink"]

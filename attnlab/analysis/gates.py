@@ -22,7 +22,7 @@ import torch
 from attnlab.analysis.inputs import Inputs, captured, require_boosted, rounds_of, write_csv
 from attnlab.errors import AttnlabError
 from attnlab.model import mechanisms
-from attnlab.plotting import legend_outside, pyplot, save_figure
+from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
 
 # what it writes into its folder, checked before the work (inputs.check_analysis_out)
 FILES = ("gates.csv", "gate_summary.csv", "gates.png")
@@ -190,19 +190,22 @@ def plot_gates(stats: dict[str, GateStats], path: str | Path, run: str = "the mo
     return fig
 
 
-def plot_sparsity(runs: dict[str, dict[str, GateStats]], path: str | Path) -> Any:
+def plot_sparsity(
+    runs: dict[str, dict[str, GateStats]], path: str | Path, order: list[str] | None = None
+) -> Any:
     """One panel per gate name: its fraction of scores below SPARSE_BELOW per layer, one line per
-    run that has the gate (the gate-position study's comparison). Returns the Figure."""
+    run that has the gate (the gate-position study's comparison); ``order`` styles the runs
+    (series_styles), so a run looks alike in every panel. Returns the Figure."""
     names = list(dict.fromkeys(name for stats in runs.values() for name in stats))
+    styles = series_styles(list(runs), order)
     plt = pyplot()
     fig, axes = plt.subplots(
         1, len(names), figsize=(4.2 * len(names) + 1, 3.8), squeeze=False, layout="constrained"
     )
     for ax, name in zip(axes[0], names, strict=True):
-        for i, (run, stats) in enumerate(runs.items()):
+        for run, stats in runs.items():
             if name in stats:
-                g = stats[name]
-                ax.plot(g.layers, g.sparsity, marker="os^Dv"[i % 5], color=f"C{i % 10}", label=run)
+                ax.plot(stats[name].layers, stats[name].sparsity, **styles[run], label=run)
         ax.set(xlabel="layer", ylabel=f"fraction of scores below {SPARSE_BELOW}", title=name)
         ax.set_xticks(
             sorted({i for stats in runs.values() if name in stats for i in stats[name].layers})

@@ -18,7 +18,7 @@ import torch
 
 from attnlab.analysis.inputs import Inputs, captured, write_csv
 from attnlab.errors import AttnlabError
-from attnlab.plotting import legend_outside, pyplot, save_figure
+from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
 
 # what it writes into its folder, checked before the work (inputs.check_analysis_out)
 FILES = ("sink.csv", "sink.png")
@@ -114,16 +114,21 @@ def _uniform_line(ax: Any, block: int) -> None:
     )
 
 
-def plot_runs(masses: dict[str, np.ndarray], path: str | Path, block: int) -> Any:
+def plot_runs(
+    masses: dict[str, np.ndarray], path: str | Path, block: int, order: list[str] | None = None
+) -> Any:
     """The mean mass per layer of several runs (one line each, the range over heads as a band),
-    with uniform attention's: the paper's comparison of gate positions. Returns the Figure."""
+    with uniform attention's: the paper's comparison of gate positions. ``order`` styles the
+    runs (series_styles). Returns the Figure."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
-    for i, (name, mass) in enumerate(masses.items()):
+    styles = series_styles(list(masses), order)
+    for name, mass in masses.items():
         layers = np.arange(mass.shape[0])
-        colour = f"C{i % 10}"
-        ax.plot(layers, mass.mean(1), marker="os^Dv"[i % 5], color=colour, label=name)
-        ax.fill_between(layers, mass.min(1), mass.max(1), color=colour, alpha=0.12, lw=0)
+        ax.plot(layers, mass.mean(1), **styles[name], label=name)
+        ax.fill_between(
+            layers, mass.min(1), mass.max(1), color=styles[name]["color"], alpha=0.12, lw=0
+        )
     _uniform_line(ax, block)
     ax.set(
         xlabel="layer",

@@ -20,12 +20,21 @@ from attnlab.studies.report import md_table, num
 
 
 @dataclass(frozen=True)
+class Canvas:
+    """Where an analysis draws its figure, and the labels of the study's first-seed runs in its
+    spec's order: a figure of several runs styles each by its place there, as the curves do."""
+
+    path: Path
+    order: list[str]
+
+
+@dataclass(frozen=True)
 class Analysis:
     """One analysis: its report title, its computation on run folders (with the scale's
-    ``params`` and the figure to draw) and its report lines from what it computed."""
+    ``params`` and the canvas to draw on) and its report lines from what it computed."""
 
     title: str
-    compute: Callable[[list[str], dict[str, Any], Path], dict[str, Any]]
+    compute: Callable[[list[str], dict[str, Any], Canvas], dict[str, Any]]
     lines: Callable[[dict[str, Any]], list[str]]
 
 
@@ -45,6 +54,7 @@ def run_analyses(
     seed = min((r["seed"] for r in runs), default=0)
     done = {r["variant"]: r for r in runs if r["seed"] == seed and r["status"] == "ok"}
     results: dict[str, Any] = {}
+    order = [run_label(study.out.run_dir(v, seed)) for v in study.spec.variants]
     for name, opts in wanted.items():
         trained = {v: done[v]["val_loss"] for v in opts["runs"] if v in done}
         missing = [v for v in opts["runs"] if v not in done]
@@ -67,7 +77,9 @@ def run_analyses(
                 "of": trained,
                 "figure": figure_link(png),
                 **ANALYSES[name].compute(
-                    [done[v]["run_dir"] for v in opts["runs"]], sizes, study.out.figure(png)
+                    [done[v]["run_dir"] for v in opts["runs"]],
+                    sizes,
+                    Canvas(study.out.figure(png), order),
                 ),
             }
         except Exception as e:  # an analysis is an extra; the statistics stand without it
@@ -88,10 +100,10 @@ def sections(analyses: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _per_position(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _per_position(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     cmp = per_position.compare(runs[0], runs[1], max_tokens=sizes.get("per_position_tokens"))
     groups = per_position.groupings(cmp)
-    per_position.plot(groups, figure, run_label(runs[0]), run_label(runs[1]))
+    per_position.plot(groups, canvas.path, run_label(runs[0]), run_label(runs[1]))
     return {"by_region": groups["by_region"], "top": per_position.top_positions(cmp, 10)}
 
 
@@ -128,11 +140,11 @@ def _per_position_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _names(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _names(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     report = names.name_test(
         runs, samples=sizes.get("name_samples", 30), length=sizes.get("name_length", 2000)
     )
-    names.plot(report, figure)
+    names.plot(report, canvas.path)
     return {"cast_size": report["cast_size"], "scores": list(report["runs"].values())}
 
 
@@ -151,10 +163,10 @@ def _names_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _gates(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _gates(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     inputs = load_inputs(runs[0], None, sizes.get("analysis_sequences", 50))
     means = gates.gate_means(inputs.model, inputs.x)
-    gates.plot(means, figure, run_label(runs[0]))
+    gates.plot(means, canvas.path, run_label(runs[0]))
     return {
         "layers": [
             {"layer": i, "mean": float(m.mean()), "std": float(m.std())}
@@ -172,12 +184,12 @@ def _gates_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _entropy(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _entropy(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     inputs = load_inputs(runs[1], None, sizes.get("analysis_sequences", 50))
     sources = {"standard": entropy.entropies(load_baseline(runs[0], inputs.model), inputs.x)[0]}
     for m, ent in enumerate(entropy.entropies(inputs.model, inputs.x)):
         sources[f"round{m}"] = ent
-    entropy.plot(sources, figure, f"{run_label(runs[1])} vs {run_label(runs[0])}")
+    entropy.plot(sources, canvas.path, f"{run_label(runs[1])} vs {run_label(runs[0])}")
     return {"rows": [r for r in entropy.summary_rows(sources) if r["layer"] == "all"]}
 
 
@@ -190,10 +202,10 @@ def _entropy_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _hull(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _hull(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     inputs = load_inputs(runs[0], None, sizes.get("hull_sequences", 5))
     rows = hull.measure(inputs, sizes.get("hull_positions", 30))
-    hull.plot(rows, figure, run_label(runs[0]))
+    hull.plot(rows, canvas.path, run_label(runs[0]))
     outside = sum(r["distance"] > hull.INSIDE_TOL for r in rows)
     return {"measured": len(rows), "outside": outside, "layers": hull.layer_means(rows)}
 
@@ -210,12 +222,12 @@ def _hull_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _sparsity(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _sparsity(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     stats = {}
     for run in runs:
         inputs = load_inputs(run, None, sizes.get("analysis_sequences", 50))
         stats[run_label(run)] = gates.gate_stats(inputs.model, inputs.x)
-    gates.plot_sparsity(stats, figure)
+    gates.plot_sparsity(stats, canvas.path, canvas.order)
     return {
         "rows": [{"run": run, **row} for run, s in stats.items() for row in gates.summary_rows(s)]
     }
@@ -239,13 +251,13 @@ def _sparsity_lines(a: dict[str, Any]) -> list[str]:
     ]
 
 
-def _sink(runs: list[str], sizes: dict[str, Any], figure: Path) -> dict[str, Any]:
+def _sink(runs: list[str], sizes: dict[str, Any], canvas: Canvas) -> dict[str, Any]:
     masses, block = {}, 0
     for run in runs:
         inputs = load_inputs(run, None, sizes.get("analysis_sequences", 50))
         masses[run_label(run)] = sink.first_token_mass(inputs.model, inputs.x)
         block = inputs.x.size(1)
-    sink.plot_runs(masses, figure, block)
+    sink.plot_runs(masses, canvas.path, block, canvas.order)
     return {
         "uniform": sink.uniform_mass(block),
         "runs": {run: m.tolist() for run, m in masses.items()},

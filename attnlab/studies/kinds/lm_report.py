@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnlab.plotting import legend_outside, pyplot, save_figure
+from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
 from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import CONVERGED_WITHIN, LAST_FRACTION, figure_link, val_curve
@@ -17,9 +17,6 @@ from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, M
 
 CURVES = "curves.png"
 PAIRED = "paired.png"
-# line styles and markers cycle independently of colours, so coinciding curves stay visible
-_STYLES = ("-", "--", "-.", ":")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
 UNIGRAM_WITHIN = 0.05  # a final loss this close to the unigram loss: trained to frequencies only
@@ -85,7 +82,12 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
             *(f"- {r['variant']} seed {r['seed']}: `{r['error']}`" for r in failed),
             "",
         ]
-    drawn = plot_curves(results["runs"], study.out.figure(CURVES), f"{spec.name}: validation loss")
+    drawn = plot_curves(
+        results["runs"],
+        study.out.figure(CURVES),
+        f"{spec.name}: validation loss",
+        list(spec.variants),
+    )
     # reported again without the run folders: the figure drawn when they were here stands
     if drawn or (record.get("reported") and study.out.figure(CURVES).is_file()):
         lines += [
@@ -439,28 +441,28 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return curves
 
 
-def plot_curves(runs: list[dict[str, Any]], path: Path, title: str) -> bool:
+def plot_curves(runs: list[dict[str, Any]], path: Path, title: str, order: list[str]) -> bool:
     """The seed's Figure 1: val loss against iteration per variant, the mean over seeds as a
-    line and the spread between the lowest and highest seed as a band."""
+    line and the spread between the lowest and highest seed as a band; ``order`` (the spec's
+    variants) styles them as in the report's other figures."""
     curves = _curves(runs)
     if not curves:
         return False
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5), layout="constrained")
-    for i, (name, c) in enumerate(curves.items()):
-        colour = f"C{i % 10}"
+    styles = series_styles(list(curves), order)
+    for name, c in curves.items():
+        style = styles[name]
         ax.plot(
             c["iters"],
             c["mean"],
-            color=colour,
-            ls=_STYLES[i % len(_STYLES)],
-            marker=_MARKERS[i % len(_MARKERS)],
+            **style,
             ms=4,
             mfc="none",
             label=f"{name} (mean of {c['seeds']} seed{'s' if c['seeds'] > 1 else ''})",
         )
         if c["seeds"] > 1:
-            ax.fill_between(c["iters"], c["low"], c["high"], color=colour, alpha=0.15, lw=0)
+            ax.fill_between(c["iters"], c["low"], c["high"], color=style["color"], alpha=0.15, lw=0)
     # the first eval (iter 0) is near log(vocab) and would flatten everything after it
     later = [
         v for c in curves.values() for i, v in zip(c["iters"], c["high"], strict=True) if i > 0
