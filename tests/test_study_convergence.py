@@ -201,14 +201,15 @@ def test_a_study_run_several_at_a_time_says_its_step_times_share_the_machine() -
 def test_the_curves_show_the_convergence_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The figure shades the last 20 % of the budget most variants train for."""
+    """The figure shades the last 20 % of the budget most variants train for, and a second
+    panel zooms into it: x from its start to the longest run, y over the window's values only."""
     from attnlab.studies.kinds import lm_report
 
     runs = []
-    for variant, iters in (("a", 100), ("b", 100), ("a-wallclock", 120)):
+    for variant, iters, offset in (("a", 100, 0.0), ("b", 100, 0.1), ("a-wallclock", 120, 0.0)):
         folder = tmp_path / variant
         folder.mkdir()
-        lines = ["iter,val_loss", *(f"{i},{3 - i / 100}" for i in range(0, iters + 1, 20))]
+        lines = ["iter,val_loss", *(f"{i},{offset + 3 - i / 100}" for i in range(0, iters + 1, 20))]
         (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
         runs.append({"variant": variant, "seed": 0, "status": "ok", "run_dir": str(folder)})
     figures = []
@@ -217,10 +218,14 @@ def test_the_curves_show_the_convergence_window(
         lm_report, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
     )
     assert lm_report.plot_curves(runs, tmp_path / "curves.png", "t", ["a", "b", "a-wallclock"])
-    (ax,) = figures[0].axes
-    (span,) = [p for p in ax.patches if "convergence window" in p.get_label()]
+    whole, window = figures[0].axes
+    (span,) = [p for p in whole.patches if "convergence window" in p.get_label()]
     assert (span.get_x(), span.get_x() + span.get_width()) == pytest.approx((80.0, 100.0))
     assert "of 100 iterations" in span.get_label()
+    assert window.get_xlim() == pytest.approx((80.0 - 0.8, 120.0 + 0.8))  # a 2 % margin
+    # the window holds a-wallclock's 1.8 at 120 up to b's 2.3 at 80 (a 5 % margin each side)
+    assert window.get_ylim() == pytest.approx((1.8 - 0.025, 2.3 + 0.025))
+    assert whole.get_ylim()[1] > 2.9  # the whole descent (iteration 0 aside) stays on the left
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ training curves (the seed's Figure 1) and the analyses of the first seed."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -444,53 +445,78 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def plot_curves(runs: list[dict[str, Any]], path: Path, title: str, order: list[str]) -> bool:
     """The seed's Figure 1: val loss against iteration per variant, the mean over seeds as a
     line and the spread between the lowest and highest seed as a band; ``order`` (the spec's
-    variants) styles them as in the report's other figures."""
+    variants) styles them as in the report's other figures. A second panel zooms into the
+    convergence window, where the final losses the comparisons weigh separate (the whole
+    descent spans a range many times the differences between variants)."""
     curves = _curves(runs)
     if not curves:
         return False
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5), layout="constrained")
-    styles = series_styles(list(curves), order)
-    for name, c in curves.items():
-        style = styles[name]
-        ax.plot(
-            c["iters"],
-            c["mean"],
-            **style,
-            ms=4,
-            mfc="none",
-            label=f"{name} (mean of {c['seeds']} seed{'s' if c['seeds'] > 1 else ''})",
-        )
-        if c["seeds"] > 1:
-            ax.fill_between(c["iters"], c["low"], c["high"], color=style["color"], alpha=0.15, lw=0)
-    # the first eval (iter 0) is near log(vocab) and would flatten everything after it
-    later = [
-        v for c in curves.values() for i, v in zip(c["iters"], c["high"], strict=True) if i > 0
-    ]
-    later += [v for c in curves.values() for i, v in zip(c["iters"], c["low"], strict=True) if i]
-    if later:
-        lo, hi = min(later), max(later)
-        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-    # the window each run's convergence is read over, at the budget most variants train for
     ends = [c["iters"][-1] for c in curves.values() if c["iters"]]
-    if ends:
-        end = max(set(ends), key=ends.count)
-        ax.axvspan(
-            (1 - LAST_FRACTION) * end,
-            end,
-            color="0.85",
-            zorder=0,
-            label=f"last {100 * LAST_FRACTION:.0f} % of {end:,} iterations (convergence window)",
-        )
-    ax.set(
-        xlabel="iteration",
-        ylabel="validation loss (nats per token)",
-        title=f"{title}\nline: mean over seeds; band: lowest to highest seed",
+    end = max(set(ends), key=ends.count)  # the budget most variants train for
+    start = (1 - LAST_FRACTION) * end
+    zoom = any(sum(i >= start for i in c["iters"]) > 1 for c in curves.values())
+    plt = pyplot()
+    fig, axes = plt.subplots(
+        1,
+        2 if zoom else 1,
+        figsize=(11 if zoom else 7.5, 5),
+        width_ratios=[3, 2] if zoom else None,
+        squeeze=False,
+        layout="constrained",
     )
-    ax.grid(alpha=0.3)
-    legend_outside(fig, [ax], ncol=2)
+    styles = series_styles(list(curves), order)
+    for ax in axes[0]:
+        for name, c in curves.items():
+            ax.plot(
+                c["iters"],
+                c["mean"],
+                **styles[name],
+                ms=4,
+                mfc="none",
+                label=f"{name} (mean of {c['seeds']} seed{'s' if c['seeds'] > 1 else ''})",
+            )
+            if c["seeds"] > 1:
+                ax.fill_between(
+                    c["iters"], c["low"], c["high"], color=styles[name]["color"], alpha=0.15, lw=0
+                )
+        ax.set(xlabel="iteration", ylabel="validation loss (nats per token)")
+        ax.grid(alpha=0.3)
+    whole = axes[0][0]
+    # the first eval (iter 0) is near log(vocab) and would flatten everything after it
+    _fit_y(whole, curves, lambda i: i > 0)
+    whole.axvspan(
+        start,
+        end,
+        color="0.85",
+        zorder=0,
+        label=f"last {100 * LAST_FRACTION:.0f} % of {end:,} iterations (convergence window)",
+    )
+    whole.set_title("line: mean over seeds; band: lowest to highest seed", fontsize=9)
+    if zoom:
+        window = axes[0][1]
+        pad = 0.02 * (max(ends) - start)  # the end points' markers whole
+        window.set_xlim(start - pad, max(ends) + pad)
+        _fit_y(window, curves, lambda i: i >= start)
+        window.set_title("the convergence window, zoomed", fontsize=9)
+    fig.suptitle(title, fontsize=11)
+    legend_outside(fig, list(axes[0]), ncol=2)
     save_figure(fig, path)
     return True
+
+
+def _fit_y(ax: Any, curves: dict[str, dict[str, Any]], shown: Callable[[int], bool]) -> None:
+    """Set ``ax``'s y range to the bands' values at the iterations ``shown`` selects, with a
+    margin of 5 %."""
+    values = [
+        v
+        for c in curves.values()
+        for i, low, high in zip(c["iters"], c["low"], c["high"], strict=True)
+        if shown(i)
+        for v in (low, high)
+    ]
+    if values:
+        lo, hi = min(values), max(values)
+        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
 
 
 def _paired_differences(
