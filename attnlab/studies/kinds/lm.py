@@ -150,9 +150,10 @@ class LanguageModel:
         untimed = [n for n in clocked if n not in budgets and spec.trains(n)]
         for name in untimed:
             budgets[name] = wallclock_budget(study, name)
+        clocked_jobs = kept_jobs
         if untimed:  # kept in study.json now: a run stopped before any finishes resumes on it
             publish([])
-        clocked_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
+            clocked_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
         queue = [job for job in first_jobs + clocked_jobs if job.run_dir not in done]
         run_all(train_one, queue, study.jobs, on_done)
         analyses = run_analyses(study, runs, analyses)
