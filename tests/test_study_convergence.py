@@ -9,6 +9,7 @@ import math
 import shutil
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,6 +227,34 @@ def test_the_curves_show_the_convergence_window(
     # the window holds a-wallclock's 1.8 at 120 up to b's 2.3 at 80 (a 5 % margin each side)
     assert window.get_ylim() == pytest.approx((1.8 - 0.025, 2.3 + 0.025))
     assert whole.get_ylim()[1] > 2.9  # the whole descent (iteration 0 aside) stays on the left
+
+
+def test_a_variant_whose_seeds_share_no_evaluation_is_left_out_of_the_curves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeds evaluated at other iterations (a copied run logged otherwise) have no mean curve:
+    that variant is left out, the others are drawn, and no figure is drawn from none."""
+    from attnlab.studies.kinds import lm_report
+
+    def run(variant: str, seed: int, first: int) -> dict[str, Any]:
+        folder = tmp_path / f"{variant}{seed}"
+        folder.mkdir()
+        points = "".join(f"{i},{3 - i / 100}\n" for i in range(first, 101, 20))
+        (folder / "metrics.csv").write_text("iter,val_loss\n" + points)
+        return {"variant": variant, "seed": seed, "status": "ok", "run_dir": str(folder)}
+
+    disjoint = [run("a", 0, 0), run("a", 1, 10)]
+    figures = []
+    save = lm_report.save_figure
+    monkeypatch.setattr(
+        lm_report, "save_figure", lambda fig, path: figures.append(fig) or save(fig, path)
+    )
+    assert not lm_report.plot_curves(disjoint, tmp_path / "none.png", "t", ["a", "b"])
+    assert not (tmp_path / "none.png").exists()
+    both = [*disjoint, run("b", 0, 0), run("b", 1, 0)]
+    assert lm_report.plot_curves(both, tmp_path / "curves.png", "t", ["a", "b"])
+    labels = {line.get_label().split(" ")[0] for ax in figures[0].axes for line in ax.get_lines()}
+    assert labels == {"b"}
 
 
 @pytest.mark.parametrize(

@@ -432,6 +432,8 @@ def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     curves = {}
     for name, seeds in per_variant.items():
         iters = sorted(set.intersection(*(set(s) for s in seeds)))
+        if not iters:  # seeds evaluated at other iterations (a copy logged otherwise): no mean
+            continue
         curves[name] = {
             "iters": iters,
             "mean": [sum(s[i] for s in seeds) / len(seeds) for i in iters],
