@@ -37,12 +37,10 @@ MARK = (
     "<!-- written by `attnlab results` from claims.toml and the studies' data: "
     "edit those and run it again, not this file -->"
 )
-BUDGETS = {
-    "seed": "the seed's own budget",
-    "converged": "a converged budget",
-    "short": "short of the budget the claim is about",
-}
-STILL_FALLING = 0.01  # a run whose val loss fell more than this over its last fifth
+# the budget a claims row's study ran: the claim's own (the seed's, or early training), a
+# converged one for a claim about trained models, or short of the trained models it is about
+BUDGETS = ("seed", "converged", "short")
+STILL_FALLING = 0.01  # a run whose val loss fell more than this fraction over its last fifth
 
 
 @dataclass
@@ -57,10 +55,23 @@ class Test:
     p: float | None = None
     seed_value: float | None = None
     numbers: str = ""
-    test: str = ""
+    stat: str = ""
+    extra: str = ""
     interval: Callable[[float], tuple[float, float]] | None = None
     p_holm: float | None = None
+    family_size: int = 0
     ci: tuple[float, float] = (math.nan, math.nan)
+
+    def test_text(self) -> str:
+        """The test, its Holm p over the family, what else it saw, and the Holm interval."""
+        if self.p is None:
+            return f"{self.label}: {self.stat}"
+        low, high = self.ci
+        return (
+            f"{self.label}: {self.stat}, Holm {p_value(self.p_holm)} over {self.family_size}"
+            + (f"; {self.extra}" if self.extra else "")
+            + f"; Holm CI {_signed(low, '.4g')} to {_signed(high, '.4g')}"
+        )
 
     def identity(self) -> tuple[Any, ...]:
         """What makes two tests the same test (counted once in their Holm family)."""
@@ -96,28 +107,29 @@ class Study:
     def __init__(self, root: Path, name: str) -> None:
         self.name = name
         self.folder = root / name
-        try:
-            self.record = json.loads((self.folder / output.STUDY_JSON).read_text())
-            self.results = json.loads((self.folder / output.RESULTS_JSON).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise AttnlabError(f"results/{name}: not a readable published study ({e})") from e
         self.losses: dict[str, dict[int, float]] = {}
         self.changes: list[float] = []  # each run's val change over its last fifth, if recorded
         self.runs = 0
-        with (self.folder / output.RESULTS_CSV).open() as f:
-            for r in csv.DictReader(f):
-                if r["status"] != "ok" or not r["val_loss"]:
-                    continue
-                self.runs += 1
-                self.losses.setdefault(r["variant"], {})[int(r["seed"])] = float(r["val_loss"])
-                if r.get("val_change_last20"):
-                    self.changes.append(float(r["val_change_last20"]))
+        try:
+            self.record = json.loads((self.folder / output.STUDY_JSON).read_text())
+            self.results = json.loads((self.folder / output.RESULTS_JSON).read_text())
+            with (self.folder / output.RESULTS_CSV).open() as f:
+                for r in csv.DictReader(f):
+                    if r["status"] != "ok" or not r["val_loss"]:
+                        continue
+                    self.runs += 1
+                    loss = float(r["val_loss"])
+                    self.losses.setdefault(r["variant"], {})[int(r["seed"])] = loss
+                    if r.get("val_change_last20"):
+                        self.changes.append(float(r["val_change_last20"]))
+        except (OSError, ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
+            raise AttnlabError(f"results/{name}: not a readable published study ({e!r})") from e
 
     def convergence_note(self) -> str:
         """How many of the study's runs were still falling at the end (or that none recorded it)."""
         if not self.changes:
             return "convergence not recorded"
-        falling = sum(abs(c) > STILL_FALLING for c in self.changes)
+        falling = sum(-c > STILL_FALLING for c in self.changes)
         if not falling:
             return f"every run within {100 * STILL_FALLING:.0f} % over its last fifth"
         return (
@@ -144,7 +156,7 @@ class Study:
         return f"{variant} {x.mean():.4f} ± {x.std(ddof=1):.4f}"
 
     def lm_test(self, variant: str, baseline: str, seed_value: float | None) -> Test:
-        self.arm(variant), self.arm(baseline)  # both exist
+        arms = f"{self.arm(variant)} vs {self.arm(baseline)}"  # refuses an arm without runs
         seeds = sorted(set(self.losses[variant]) & set(self.losses[baseline]))
         v = [self.losses[variant][s] for s in seeds]
         b = [self.losses[baseline][s] for s in seeds]
@@ -154,7 +166,7 @@ class Study:
             v,
             b,
             seed_value,
-            arms=f"{self.arm(variant)} vs {self.arm(baseline)}",
+            arms=arms,
             fmt=".4f",
             better="lower",
             ppl=True,
@@ -237,7 +249,7 @@ class Study:
                 f"headers), {baseline} {100 * kb / nb:.1f} % ({kb} of {nb}); log odds ratio "
                 f"{_signed(math.log(ratio.statistic), '.2f')}"
             ),
-            test=f"Fisher exact p = {p_value(p)}",
+            stat=f"Fisher exact p = {p_value(p)}",
             interval=interval,
         )
 
@@ -271,10 +283,8 @@ def paired_test(
             )
         numbers += ")"
     wins = int(sum((x < y) if better == "lower" else (x > y) for x, y in zip(v, b, strict=True)))
-    test = f"t({n - 1}) = {_fmt(c['t'], '.2f')}, p = {p_value(c['p'])}" if tested else "no test"
-    test += f"; {better} on {wins}/{n} seeds"
-    if tested:
-        test += f"; MDE {c['mde']:{fmt}}"
+    stat = f"t({n - 1}) = {_fmt(c['t'], '.2f')}, p = {p_value(c['p'])}" if tested else "no test"
+    extra = f"{better} on {wins}/{n} seeds" + (f"; MDE {c['mde']:{fmt}}" if tested else "")
     return Test(
         label=label,
         kind="paired",
@@ -284,7 +294,8 @@ def paired_test(
         p=c["p"] if tested else None,
         seed_value=seed_value,
         numbers=numbers,
-        test=test,
+        stat=stat,
+        extra=extra,
         interval=(lambda alpha: _t_interval(mean, sd, n, alpha)) if tested else None,
     )
 
@@ -392,7 +403,7 @@ def build(root: Path) -> list[Row]:
             t.p_holm = adjusted[t.family][t.identity()]
             if t.p is not None and t.interval is not None:
                 t.ci = t.interval(holm_alpha(t.p, t.p_holm))
-                t.test += f", Holm {p_value(t.p_holm)} over {len(families[t.family])}"
+                t.family_size = len(families[t.family])
     return rows
 
 
@@ -455,15 +466,7 @@ def _cells(row: Row) -> list[str]:
     links = row.study.links()
     if row.tests:
         numbers = "; ".join(t.numbers for t in row.tests)
-        tests = "; ".join(
-            f"{t.label}: {t.test}"
-            + (
-                f"; Holm CI {_signed(t.ci[0], '.4g')} to {_signed(t.ci[1], '.4g')}"
-                if t.p is not None
-                else ""
-            )
-            for t in row.tests
-        )
+        tests = "; ".join(t.test_text() for t in row.tests)
         n = " / ".join(dict.fromkeys(str(t.n) for t in row.tests))
     else:
         numbers, tests, n = claim["seen"], "descriptive", str(_descriptive_n(row))
