@@ -216,6 +216,10 @@ def test_write_then_check_then_drift(toy: Path, capsys: pytest.CaptureFixture) -
             "no finished runs of 'd'",
         ),
         (lambda root: (root / "claims.toml").unlink(), "cannot read"),
+        (
+            lambda root: (root / "claims.toml").write_text(CLAIMS.replace('variant = "c"', "")),
+            "row 2: missing 'variant'",
+        ),
     ],
 )
 def test_bad_inputs_end_in_one_line_and_change_nothing(

@@ -40,6 +40,7 @@ MARK = (
 # the budget a claims row's study ran: the claim's own (the seed's, or early training), a
 # converged one for a claim about trained models, or short of the trained models it is about
 BUDGETS = ("seed", "converged", "short")
+TESTED = tuple(k for k in KINDS if k != "descriptive")  # the kinds a [[row.compare]] may be
 STILL_FALLING = 0.01  # a run whose val loss fell more than this fraction over its last fifth
 
 
@@ -324,13 +325,16 @@ def read_claims(root: Path) -> list[dict[str, Any]]:
             raise AttnlabError(
                 f"{where}: budget {row['budget']!r} is not one of {', '.join(BUDGETS)}"
             )
-        if not row.get("compare") and "seen" not in row:
+        if bool(row.get("compare")) == ("seen" in row):
             raise AttnlabError(f"{where}: give [[row.compare]] comparisons or a descriptive 'seen'")
         for c in row.get("compare", []):
-            if c.get("kind", "paired") not in KINDS[:2]:
+            kind = c.get("kind", "paired")
+            if kind not in TESTED:
                 raise AttnlabError(
-                    f"{where}: comparison kind {c.get('kind')!r} is not one of {', '.join(KINDS[:2])}"
+                    f"{where}: comparison kind {kind!r} is not one of {', '.join(TESTED)}"
                 )
+            for key in ("variant", "baseline") if kind == "paired" else ():
+                _need(c, key, where)
     return rows
 
 
