@@ -162,7 +162,7 @@ class Study:
         v = [self.losses[variant][s] for s in seeds]
         b = [self.losses[baseline][s] for s in seeds]
         return paired_test(
-            f"{variant} − {baseline}",
+            (variant, baseline),
             (self.name,),
             v,
             b,
@@ -206,7 +206,7 @@ class Study:
             return f"{name} {np.mean(x):.2f} ± {np.std(x, ddof=1):.2f} %"
 
         return paired_test(
-            f"{variant} − {baseline}",
+            (variant, baseline),
             (self.name, title, protocol),
             v,
             b,
@@ -256,7 +256,7 @@ class Study:
 
 
 def paired_test(
-    label: str,
+    names: tuple[str, str],
     family: tuple[str, ...],
     v: list[float],
     b: list[float],
@@ -268,7 +268,8 @@ def paired_test(
     unit: str = "",
     ppl: bool = False,
 ) -> Test:
-    """A paired per-seed comparison of ``v`` against ``b`` as a Test."""
+    """A paired per-seed comparison of ``v`` (the variant of ``names``) against ``b`` (its
+    baseline) as a Test; ``better`` says which way the measure improves."""
     c = paired_comparison(v, b)
     n, mean, sd = c["n"], c["mean_diff"], c["sd_diff"]
     tested = math.isfinite(c["p"])
@@ -285,9 +286,11 @@ def paired_test(
         numbers += ")"
     wins = int(sum((x < y) if better == "lower" else (x > y) for x, y in zip(v, b, strict=True)))
     stat = f"t({n - 1}) = {_fmt(c['t'], '.2f')}, p = {p_value(c['p'])}" if tested else "no test"
-    extra = f"{better} on {wins}/{n} seeds" + (f"; MDE {c['mde']:{fmt}}" if tested else "")
+    extra = f"{names[0]} {better} on {wins}/{n} seeds" + (
+        f"; MDE {c['mde']:{fmt}}" if tested else ""
+    )
     return Test(
-        label=label,
+        label=f"{names[0]} − {names[1]}",
         kind="paired",
         family=family,
         n=n,
