@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.analysis import curves, reach
 from attnlab.errors import AttnlabError
+from attnlab.studies import curves, reach
 
 T_975_DF1 = 12.706204736174698  # Student's t, 97.5th percentile, 1 degree of freedom
 T_975_DF2 = 4.302652729911275  # and 2 degrees of freedom
@@ -186,6 +186,12 @@ def test_commands_write_csv_and_figure(
         rows = list(csv.DictReader(f))
     assert [r["seed"] for r in rows] == ["0", "1", "2", "mean (3 of 3 reached)"]
     assert float(rows[1]["ratio"]) == pytest.approx(0.8)
+    assert float(rows[3]["ratio"]) == pytest.approx((0.75 + 0.8 + 0.875) / 3)
+    assert (
+        float(rows[3]["ratio_ci95_low"])
+        < float(rows[3]["ratio"])
+        < float(rows[3]["ratio_ci95_high"])
+    )
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -228,3 +234,51 @@ def test_bad_input_is_one_line_and_changes_nothing(
 def test_api_refuses_a_missing_study(tmp_path: Path) -> None:
     with pytest.raises(AttnlabError, match="is not a study folder"):
         curves.compare(tmp_path / "nothing", "a", "b")
+
+
+def test_export_size_counts_a_graph_with_its_external_data(tmp_path: Path) -> None:
+    from attnlab.analysis import export_size
+
+    (tmp_path / "model.onnx").write_bytes(b"g" * 10)
+    (tmp_path / "model.onnx.data").write_bytes(b"w" * 20)
+    (tmp_path / "model-int8.onnx").write_bytes(b"q" * 7)
+    assert export_size.format_bytes(tmp_path, "onnx") == (30, ["model.onnx", "model.onnx.data"])
+    assert export_size.format_bytes(tmp_path, "onnx-int8") == (7, ["model-int8.onnx"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["qkve-61mm"], "unknown preset 'qkve-61mm'"),
+        (["qkve-61m", "max_iters=0"], "export-size takes model fields only, not max_iters"),
+    ],
+)
+def test_export_size_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
+) -> None:
+    p = cli(capsys, "analyze", "export-size", *args, "--out", str(tmp_path / "out"))
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"attnlab analyze export-size: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # an ONNX export and its quantization: about 30 s on a busy 2-core machine
+def test_export_size_measures_fresh_weights_and_leaves_only_its_csv(tmp_path: Path) -> None:
+    from attnlab.analysis import export_size
+    from attnlab.config import ModelConfig
+
+    config = ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, bias=False)
+    rows = export_size.measure(config, "tiny", tmp_path)
+    by = {r["format"]: r for r in rows}
+    params = rows[0]["parameters"]
+    # tied embedding 64*32 + position 16*32, attention 4*32*32, MLP 2*32*128, three LayerNorms
+    assert params == 64 * 32 + 16 * 32 + 4 * 32 * 32 + 2 * 32 * 128 + 3 * 32
+    # float32 weights plus a header of names and shapes (the tied table may be stored twice)
+    assert 4 * params < by["safetensors"]["bytes"] < 4 * (params + 64 * 32) + 4096
+    assert by["onnx-int8"]["bytes"] < by["onnx"]["bytes"]
+    assert by["onnx"]["MB"] == by["onnx"]["bytes"] / 1e6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".attnlab-analysis",
+        "export-size-tiny.csv",
+    ]

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis import curves
+    from attnlab.studies import curves
 
     names = curves.files(args.a, args.b)
     study = Path(args.study)

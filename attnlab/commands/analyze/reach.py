@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnlab.analysis import curves, reach
+    from attnlab.studies import curves, reach
 
     names = reach.files(args.target)
     study = Path(args.study)
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     for s in result.summary:
         ratio = (
             f"ratio {s['ratio_mean']:.3f} (95 % CI {s['ratio_ci95_low']:.3f} to "
-            f"{s['ratio_ci95_high']:.3f}), {s['fewer_steps_pct']:+.1f} % fewer steps"
+            f"{s['ratio_ci95_high']:.3f}), {s['fewer_steps_pct']:.1f} % fewer steps"
             if s["reached"] == s["seeds"] and s["seeds"] > 1
             else "no interval"
         )

@@ -7,6 +7,10 @@ paired seed evaluated, the difference ``A - B`` is tested with a paired t (its 9
 seeds, attnlab.studies.stats). From iteration ``start`` on, each seed's differences are fitted
 by least squares against the iteration; the slopes' mean and its t interval say whether the
 gap closes (a slope against the sign of the mean difference), widens, or cannot be told.
+
+Here, not in attnlab.analysis, because it reads study folders and their statistics (studies
+import the analyses, so the analyses may not import studies back); ``attnlab analyze curves``
+runs it.
 """
 
 from __future__ import annotations
@@ -217,8 +221,9 @@ def plot(result: CurveComparison, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     s = result.summary
     x = np.asarray(result.iters)
-    for k, seed in enumerate(s["seeds"]):
-        ax.plot(x, result.diffs[k], color="0.6", lw=0.8, alpha=0.8, label=f"seed {seed}")
+    for k in range(len(s["seeds"])):  # one legend entry for them all: they are alike
+        label = f"each seed ({', '.join(map(str, s['seeds']))})" if k == 0 else None
+        ax.plot(x, result.diffs[k], color="0.55", lw=0.8, label=label)
     rows = result.per_iter
     low = np.array([r["ci95_low"] for r in rows], dtype=np.float64)
     high = np.array([r["ci95_high"] for r in rows], dtype=np.float64)
@@ -232,7 +237,9 @@ def plot(result: CurveComparison, path: Path) -> Path:
         label=f"mean over {len(s['seeds'])} seeds",
     )
     ax.axhline(0.0, color="k", lw=0.8, ls="--", label="no difference")
-    ax.axvspan(s["start"], x[-1], color="0.92", zorder=0, label=f"from iteration {s['start']:,}")
+    ax.axvline(
+        s["start"], color="C3", lw=0.9, ls=":", label=f"counted from iteration {s['start']:,}"
+    )
     ax.set(
         xlabel="iteration",
         ylabel=f"val loss {result.a} − {result.b} (nats per token)",

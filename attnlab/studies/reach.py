@@ -6,6 +6,7 @@ interpolated between the two evaluations around the crossing. Divided by the tar
 iteration it is the fraction of the target's budget the variant needs ("20 % fewer steps" is a
 ratio of 0.8); its mean and 95 % t interval over seeds say whether that holds, and a seed that
 never reaches the level leaves the interval undefined (it is counted, never dropped).
+``attnlab analyze reach`` runs it (here beside attnlab.studies.curves, for the same reason).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.analysis.curves import check_study, seed_curves
 from attnlab.analysis.inputs import write_csv
 from attnlab.errors import AttnlabError
 from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
+from attnlab.studies.curves import check_study, seed_curves
 from attnlab.studies.output import RUNS
 from attnlab.studies.stats import summarize
 
@@ -51,8 +52,10 @@ def first_reach(curve: dict[int, float], level: float) -> float:
 class Reach:
     """``reach``'s result: one row per variant and seed, one summary row per variant."""
 
+    study: str
     target: str
     variants: list[str]
+    order: list[str]  # every variant of the study: each keeps its style in every reach figure
     curves: dict[str, dict[int, dict[int, float]]]  # variant -> seed -> iteration -> loss
     rows: list[dict[str, Any]]
     summary: list[dict[str, Any]]
@@ -62,10 +65,9 @@ def reach(study: Path, target: str, variants: list[str] | None = None) -> Reach:
     """Each of ``variants`` (default: every other variant of ``study``) against ``target``'s
     final loss, seed by seed."""
     check_study(study)
+    order = sorted(p.name for p in (study / RUNS).iterdir() if p.is_dir())
     if variants is None:
-        variants = sorted(
-            p.name for p in (study / RUNS).iterdir() if p.is_dir() and p.name != target
-        )
+        variants = [name for name in order if name != target]
     if target in variants:
         raise AttnlabError(f"the target {target!r} is also one of the variants compared with it")
     if not variants:
@@ -109,21 +111,24 @@ def reach(study: Path, target: str, variants: list[str] | None = None) -> Reach:
                 "fewer_steps_pct": 100 * (1 - spread["mean"]),
             }
         )
-    return Reach(target, variants, curves, rows, summary)
+    return Reach(study.name, target, variants, order, curves, rows, summary)
 
 
 def write(result: Reach, out: Path) -> list[Path]:
     """The per-seed CSV (with the summary rows below it) and the figure, into ``out``."""
     csv_path, png = (out / name for name in files(result.target))
-    rows = [*result.rows]
-    for s in result.summary:  # the per-variant summary in the same columns, seed "mean"
+    # the per-variant summary in the same columns below the seeds, its interval beside it
+    rows = [{**r, "ratio_ci95_low": math.nan, "ratio_ci95_high": math.nan} for r in result.rows]
+    for s in result.summary:
         rows.append(
             {
-                **dict.fromkeys(result.rows[0], math.nan),
+                **dict.fromkeys(rows[0], math.nan),
                 "variant": s["variant"],
                 "seed": f"mean ({s['reached']} of {s['seeds']} reached)",
                 "ratio": s["ratio_mean"],
                 "fewer_steps_pct": s["fewer_steps_pct"],
+                "ratio_ci95_low": s["ratio_ci95_low"],
+                "ratio_ci95_high": s["ratio_ci95_high"],
             }
         )
     paths = [write_csv(csv_path, rows), plot(result, png)]
@@ -137,6 +142,15 @@ def mean_curve(seeds: dict[int, dict[int, float]]) -> tuple[list[int], np.ndarra
     return iters, np.array([np.mean([c[i] for c in seeds.values()]) for i in iters])
 
 
+def fit_y(ax: Any, curves: dict[str, dict[int, dict[int, float]]], start: float) -> None:
+    """``ax``'s y range: every seed's losses from iteration ``start`` on, with a 5 % margin."""
+    shown = [
+        v for seeds in curves.values() for c in seeds.values() for i, v in c.items() if i >= start
+    ]
+    margin = 0.05 * (max(shown) - min(shown))
+    ax.set_ylim(min(shown) - margin, max(shown) + margin)
+
+
 def plot(result: Reach, path: Path) -> Path:
     """Mean val loss over seeds against iteration for the target and each variant, the
     target's mean final loss as a dashed line, each seed's crossing marked; a second panel
@@ -144,7 +158,7 @@ def plot(result: Reach, path: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained", width_ratios=[2, 3])
     names = [result.target, *result.variants]
-    styles = series_styles(names)
+    styles = series_styles(names, result.order)
     level = float(np.mean([r["target_final_loss"] for r in result.rows]))
     crossings = [r for r in result.rows if math.isfinite(r["reach_iter"])]
     for ax in axes:
@@ -165,22 +179,16 @@ def plot(result: Reach, path: Path) -> Path:
         ax.set(xlabel="iteration", ylabel="validation loss (nats per token)")
         ax.grid(alpha=0.3)
     end = max(max(c) for seeds in result.curves.values() for c in seeds.values())
-    zoom = axes[1]
-    zoom.set_xlim(end / 2, end * 1.02)
-    tail = [
-        v
-        for seeds in result.curves.values()
-        for c in seeds.values()
-        for i, v in c.items()
-        if i >= end / 2
-    ]
-    margin = 0.05 * (max(tail) - min(tail))
-    zoom.set_ylim(min(tail) - margin, max(tail) + margin)
-    zoom.set_title("last half of training, zoomed", fontsize=9)
-    axes[0].set_title("whole run", fontsize=9)
+    # the first evaluation (near log(vocab)) would flatten the descent after it
+    fit_y(axes[0], result.curves, 1)
+    axes[0].set_title("whole run (from the first evaluation after iteration 0)", fontsize=9)
+    axes[1].set_xlim(end / 2, end * 1.02)
+    fit_y(axes[1], result.curves, end / 2)
+    axes[1].set_title("last half of training, zoomed", fontsize=9)
     reached = ", ".join(f"{s['variant']} {s['reached']}/{s['seeds']}" for s in result.summary)
     fig.suptitle(
-        f"Which variant reaches {result.target}'s final loss, and when (seeds reaching it: {reached})",
+        f"{result.study}: when each variant first reaches {result.target}'s final val loss "
+        f"(seeds reaching it: {reached})",
         fontsize=11,
     )
     legend_outside(fig, list(axes), ncol=4)
