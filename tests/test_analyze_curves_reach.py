@@ -282,3 +282,48 @@ def test_export_size_measures_fresh_weights_and_leaves_only_its_csv(tmp_path: Pa
         ".attnlab-analysis",
         "export-size-tiny.csv",
     ]
+
+
+def test_curves_figure(study: Path, tmp_path: Path) -> None:
+    from test_figures import check_figure, labelled_lines
+
+    result = curves.compare(study, "kv", "vanilla")
+    fig = curves.plot(result, tmp_path / "c.png")
+    (ax,) = check_figure(fig, tmp_path / "c.png", 1, "kv minus vanilla")
+    assert "nats per token" in ax.get_ylabel()
+    assert labelled_lines(ax) == [
+        "each seed (0, 1)",
+        "95 % CI (paired t)",
+        "mean over 2 seeds",
+        "no difference",
+        "counted from iteration 100",
+    ]
+    band = ax.collections[0].get_paths()[0].vertices  # the interval band spans the t CI
+    assert band[:, 1].min() == pytest.approx(result.per_iter[2]["ci95_low"])  # widest at 200
+
+
+def test_reach_figure(gba: Path, tmp_path: Path) -> None:
+    from test_figures import check_figure, labelled_lines
+
+    fig = reach.plot(reach.reach(gba, "fair"), tmp_path / "r.png")
+    axes = check_figure(fig, tmp_path / "r.png", 2, "reaches fair's final val loss")
+    for ax in axes:
+        labels = labelled_lines(ax)
+        assert labels[:3] == ["fair (mean of 3)", "boosted (mean of 3)", "standard (mean of 3)"]
+        # a cross per seed that reaches the level: boosted's three and standard's one
+        assert labels.count("boosted reaches it (one seed)") == 3
+        assert labels.count("standard reaches it (one seed)") == 1
+    assert axes[1].get_xlim()[0] == pytest.approx(100)  # the zoom: the last half of 200
+
+
+def test_a_diverged_evaluation_leaves_its_seed_out_of_the_trend(tmp_path: Path) -> None:
+    folder = tmp_path / "study"
+    for seed in (0, 1):
+        write_run(folder, "kv", seed, A[seed])
+        write_run(folder, "vanilla", seed, B[seed])
+    write_run(folder, "kv", 2, {0: 4.0, 100: math.nan, 200: 2.0, 300: 1.5})
+    write_run(folder, "vanilla", 2, A[0])
+    result = curves.compare(folder, "kv", "vanilla")
+    assert math.isnan(result.per_seed[2]["slope_per_1k_iters"])
+    assert result.summary["slope_per_1k_iters"] == pytest.approx(1.0)  # seeds 0 and 1 only
+    assert result.per_iter[1]["n"] == 2  # the paired test leaves the diverged seed out
