@@ -262,9 +262,10 @@ def _shell_commands(text: str) -> list[str]:
 
 
 def test_every_documented_command_parses_and_every_link_resolves() -> None:
-    """A renamed flag or command, or a moved results file, leaves the README's or a docs page's
-    examples wrong with nothing failing: each one goes through the real parser here (nothing
-    runs), and each relative link must resolve from the page that holds it."""
+    """A renamed flag or command, or a moved results or test file, leaves the README's or a docs
+    page's examples wrong with nothing failing: each one goes through the real parser here
+    (nothing runs), each relative link must resolve from the page that holds it, and each test
+    file a page cites must exist."""
     documents = _documents()
     assert len(documents) >= 12  # the README, the docs index and its pages, the results table
     parser = build_parser()
@@ -294,3 +295,6 @@ def test_every_documented_command_parses_and_every_link_resolves() -> None:
     assert len(links) >= 30  # the README's links to docs/ and results/ at least
     broken = [f"{p.relative_to(ROOT)}: {t}" for p, t in links if not (p.parent / t).exists()]
     assert broken == []
+    # test files the pages cite as evidence, by their path from the repository's root
+    cited = {t for page in documents for t in re.findall(r"\btests/[\w/]+\.py\b", page.read_text())}
+    assert len(cited) >= 5 and sorted(t for t in cited if not (ROOT / t).exists()) == []

@@ -567,12 +567,12 @@ SPEC = Mechanism(
 # ... one registry line and one config field; then the tests that read what is registered
 RECIPE_FIELD = "    out_scale: bool = False\n"
 RECIPE_TESTS = [
-    "tests/test_mechanism_contract.py",
-    "tests/test_terminal.py",
-    "tests/test_bench.py",
-    "tests/test_studies.py",
-    "tests/test_padding.py",
-    "tests/test_properties.py",
+    "tests/model/test_mechanism_contract.py",
+    "tests/cli/test_terminal.py",
+    "tests/bench/test_bench.py",
+    "tests/studies/test_studies.py",
+    "tests/model/test_padding.py",
+    "tests/model/test_properties.py",
 ]
 RECIPE_SELECTION = (
     "out_scale or one_line_of_help or presets_fields or bench_labels or bench_generate_quick "
