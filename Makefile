@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test test-slow test-all test-ecosystem lint
+.PHONY: demo test test-unit test-slow test-all test-ecosystem lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q --durations=10
+
+# the fast unit run: no test that starts a process or trains a model (see docs/testing.md)
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m 'not slow and not integration'
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m slow
@@ -49,6 +53,6 @@ $(LMEVAL)/.installed: constraints.txt
 test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed
 	ATTNLAB_OPTIMUM_PYTHON=$(CURDIR)/$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
 		ATTNLAB_HF_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
-		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/test_onnx_ecosystem.py \
-		tests/test_hf_ecosystem.py
-	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/test_hf_ecosystem.py
+		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/export/test_onnx_ecosystem.py \
+		tests/export/test_hf_ecosystem.py
+	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/export/test_hf_ecosystem.py

@@ -1,6 +1,6 @@
 """A toy mechanism in one file: each layer scales its values by (1 + s), s a zero-initialised vector.
 
-tests/test_mechanism_contract.py registers it with one line (``REGISTRY + ("toy",)``) and runs
+tests/model/test_mechanism_contract.py registers it with one line (``REGISTRY + ("toy",)``) and runs
 the whole contract suite on it, alone and composed with every real mechanism. It owns no config
 field, so it is on whenever registered; a real mechanism adds its fields to ModelConfig and names
 them in its SPEC.

@@ -32,7 +32,7 @@ for the contract tests, its benchmark variants, what it does to the FLOP count, 
 hands to the gate analysis, and the setting (if any) under which a fresh model computes plain
 attention. Everything else is derived here: which mechanisms a config enables, the bench lists
 (and so the overhead study), the field help, the plain-reference fields, the validation of the
-mechanism fields. tests/test_mechanism_contract.py checks every registered mechanism, each
+mechanism fields. tests/model/test_mechanism_contract.py checks every registered mechanism, each
 ablation variant it derives from a SPEC's fields and choices, every pair and all of them
 together against the contract, and that a mechanism added by the README's steps needs nothing
 else.

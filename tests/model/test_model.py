@@ -13,7 +13,7 @@ from attnlab.errors import AttnlabError
 from attnlab.model.generation import compile_for_decoding, filter_logits, sample_next, stream
 from attnlab.model.mechanisms import HOOKS
 
-# backbones; every mechanism, alone and all together, is in tests/test_mechanism_contract.py
+# backbones; every mechanism, alone and all together, is in tests/model/test_mechanism_contract.py
 CONFIGS = {
     "vanilla": {},
     "bias": {"bias": True},

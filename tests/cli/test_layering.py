@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGE = ROOT / "attnlab"
-# higher layers may import lower ones, never the reverse (README: Design)
+# higher layers may import lower ones, never the reverse (docs/design.md)
 LAYERS = {
     "attnlab.cli": 5,
     "attnlab.commands": 5,

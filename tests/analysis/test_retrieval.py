@@ -23,7 +23,7 @@ from attnlab.analysis.retrieval import (
 )
 from attnlab.errors import AttnlabError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bayes_matches_paper_ceiling() -> None:

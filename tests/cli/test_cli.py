@@ -233,13 +233,18 @@ def test_an_interrupted_demo_says_it_is_discarded(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # neither the demo nor its temporary folder
 
 
-def _readme_commands() -> list[str]:
-    """Every `attnlab ...` line of the README's shell code blocks, continuation lines joined and
+def _documents() -> list[Path]:
+    """The README and every page it sends a reader to: docs/ and the full results table."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results/README.md"]
+
+
+def _shell_commands(text: str) -> list[str]:
+    """Every `attnlab ...` line of ``text``'s shell code blocks, continuation lines joined and
     leading VAR=value assignments dropped."""
     commands: list[str] = []
     block: list[str] | None = None  # the shell block's lines so far; None outside one
     fenced = False
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in text.splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
             block = [] if fenced and line.strip()[3:] in ("", "bash", "sh") else None
@@ -256,23 +261,40 @@ def _readme_commands() -> list[str]:
     return commands
 
 
-def test_every_readme_command_parses_and_every_link_resolves() -> None:
-    """A renamed flag or command, or a moved results file, leaves the README's examples wrong
-    with nothing failing: each one goes through the real parser here (nothing runs)."""
-    commands = _readme_commands()
-    assert len(commands) >= 40  # the extraction still finds the README's examples
+def test_every_documented_command_parses_and_every_link_resolves() -> None:
+    """A renamed flag or command, or a moved results or test file, leaves the README's or a docs
+    page's examples wrong with nothing failing: each one goes through the real parser here
+    (nothing runs), each relative link must resolve from the page that holds it, and each test
+    file a page cites must exist."""
+    documents = _documents()
+    assert len(documents) >= 12  # the README, the docs index and its pages, the results table
     parser = build_parser()
-    for command in commands:
-        argv = shlex.split(command, comments=True)[1:]
-        argv = argv[: next((i for i, a in enumerate(argv) if a in ("|", "&&", ">")), len(argv))]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                args, extra = parser.parse_known_args(argv)
-                if extra:
-                    config_flags_as_overrides(parser, args, extra)
-            except SystemExit as e:
-                assert e.code in (0, None), f"{command}: {err.getvalue().strip()}"
-    text = (ROOT / "README.md").read_text()
-    links = [t for t in re.findall(r"\]\(([^)#\s]+)", text) if not re.match(r"[a-z]+:", t)]
-    assert links and [t for t in links if not (ROOT / t).exists()] == []
+    counted = 0
+    for page in documents:
+        commands = _shell_commands(page.read_text())
+        counted += len(commands)
+        for command in commands:
+            argv = shlex.split(command, comments=True)[1:]
+            argv = argv[: next((i for i, a in enumerate(argv) if a in ("|", "&&", ">")), len(argv))]
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    args, extra = parser.parse_known_args(argv)
+                    if extra:
+                        config_flags_as_overrides(parser, args, extra)
+                except SystemExit as e:
+                    where = page.relative_to(ROOT)
+                    assert e.code in (0, None), f"{where}: {command}: {err.getvalue().strip()}"
+    assert counted >= 50  # the extraction still finds the documented examples
+    links = [
+        (page, target)
+        for page in documents
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text())
+        if not re.match(r"[a-z]+:", target)
+    ]
+    assert len(links) >= 30  # the README's links to docs/ and results/ at least
+    broken = [f"{p.relative_to(ROOT)}: {t}" for p, t in links if not (p.parent / t).exists()]
+    assert broken == []
+    # test files the pages cite as evidence, by their path from the repository's root
+    cited = {t for page in documents for t in re.findall(r"\btests/[\w/]+\.py\b", page.read_text())}
+    assert len(cited) >= 5 and sorted(t for t in cited if not (ROOT / t).exists()) == []

@@ -1,24 +1,15 @@
-"""Red team, round four: sampling a padded vocabulary, a figure of NaN losses, a file as RUN.
-
-- a model whose vocab_size is padded above its tokenizer's (nanoGPT pads GPT-2's to 50304)
-  draws only ids the tokenizer has, in stream, the name test's sampling and ``attnlab sample``;
-- the paired-differences figure of a study whose only difference is NaN sets no identical
-  x limits (matplotlib warned on stderr);
-- every ``attnlab analyze`` sub-command refuses a plain file as its RUN first, writing nothing.
+"""A model whose vocab_size is padded above its tokenizer's (nanoGPT pads GPT-2's to 50304) draws
+only ids the tokenizer has: in ``generate`` and ``stream``, the name test's sampling and
+``attnlab sample``.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import run_cli, tiny_model
-from test_bad_input import attnlab, error_line  # noqa: F401  (attnlab: a fixture)
-from test_folder_safety import snapshot
 
 from attnlab.data.prepare import load_dataset
 from attnlab.data.tokenizer import Tokenizer
@@ -105,68 +96,3 @@ def test_cli_sample_of_a_padded_vocabulary_exits_0(tokenizer: Tokenizer, tmp_pat
     p = run_cli("sample", str(folder), "--prompt", "KING", "--max-new-tokens", "20")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("KING") and len(p.stdout) == len("KING") + 20 + 1, p.stdout
-
-
-def test_the_paired_figure_of_a_nan_difference_warns_of_nothing(tmp_path: Path) -> None:
-    """One variant's final loss is NaN: the only difference is NaN, so the x range held 0 alone
-    (set_xlim(0, 0) made matplotlib warn 'identical low and high xlims')."""
-    from attnlab.studies.kinds.lm_report import plot_paired
-
-    runs = [
-        {"variant": "base", "seed": 0, "val_loss": 1.5, "status": "ok"},
-        {"variant": "kv", "seed": 0, "val_loss": math.nan, "status": "ok"},
-    ]
-    comparison = {"variant": "kv", "baseline": "base", "seeds": [0], "n": 1,
-                  "mean_diff": math.nan, "ci95": [math.nan, math.nan], "p": math.nan}  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fig = plot_paired({"runs": runs, "comparisons": [comparison]}, tmp_path / "p.png", "t")
-    left, right = fig.axes[0].get_xlim()
-    assert left < 0.0 < right and math.isfinite(left) and math.isfinite(right)
-
-
-def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The sub-command parsers of ``parser``, by name."""
-    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
-
-
-def analyses() -> dict[str, argparse.ArgumentParser]:
-    """Every `attnlab analyze` sub-command the CLI registers, with its parser."""
-    from attnlab.cli import build_parser
-
-    return subparsers(subparsers(build_parser())["analyze"])
-
-
-def required_positionals(parser: argparse.ArgumentParser) -> int:
-    """How many positional arguments ``parser`` requires (RUN; RUN_A and RUN_B)."""
-    return sum(1 for a in parser._actions if not a.option_strings and a.nargs is None)
-
-
-ANALYSES = analyses()
-
-
-@pytest.mark.parametrize(
-    ("name", "out"),
-    [(name, out) for name in sorted(ANALYSES) for out in (False, True)],
-    ids=lambda value: value if isinstance(value, str) else "with-out" if value else "default-out",
-)
-def test_every_analysis_refuses_a_file_as_its_run_first(
-    name: str,
-    out: bool,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    attnlab,  # noqa: F811
-) -> None:
-    monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path / "home"))
-    spec = tmp_path / "spec.toml"
-    spec.write_text('name = "not a run"\n')
-    # a name every analysis' --out takes: per-position's must end in .csv, the others make it
-    # a folder
-    extra = ["--out", str(tmp_path / "out.csv")] if out else []
-    before = snapshot(tmp_path)
-    argv = ["analyze", name, *[str(spec)] * required_positionals(ANALYSES[name]), *extra]
-    p = attnlab(*argv)
-    assert error_line(p, f"analyze {name}") == f"{spec} is a file, not a run or model folder"
-    assert p.stdout == ""
-    assert snapshot(tmp_path) == before

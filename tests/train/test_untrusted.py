@@ -46,7 +46,7 @@ def model_dir(tiny_data: Path, tmp_path: Path) -> Path:
     """An untrained tiny model saved as a checkpoint folder, with the tiny data's tokenizer, and
     without its manifest, as an older attnlab (or a copy of the files alone) left it: what the
     tests here tamper with is caught by the checks that hold without one. With one, the manifest
-    refuses each first (test_reliability3)."""
+    refuses each first (test_folder_integrity)."""
     tok = load_dataset(tiny_data).tokenizer
     torch.manual_seed(0)
     model = GPT(tiny_model(vocab_size=tok.vocab_size))
@@ -107,7 +107,7 @@ def test_plain_pytorch_model_bin_still_loads(model_dir: Path):
 def test_code_running_trainer_state_is_refused_on_resume(train_tiny, tmp_path: Path):
     run, marker = tmp_path / "run", tmp_path / "marker"
     train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
-    (run / "latest" / MANIFEST).unlink()  # with it, the file is refused unread (test_reliability3)
+    (run / "latest" / MANIFEST).unlink()  # with it, refused unread (test_folder_integrity)
     torch.save({"optimizer": RunsCode(marker)}, run / "latest" / ckpt.TRAINER_STATE)
     with pytest.raises(AttnlabError) as err:
         Trainer.resume(run)
@@ -349,7 +349,7 @@ def _foreign_optimizer(state: dict) -> dict:
 def test_a_tampered_trainer_state_gets_one_line(train_tiny, tmp_path: Path, tamper, expected):
     run = tmp_path / "run"
     train_tiny(run, until=5, max_iters=10, ckpt_interval=5)
-    (run / "latest" / MANIFEST).unlink()  # with it, the file is refused unread (test_reliability3)
+    (run / "latest" / MANIFEST).unlink()  # with it, refused unread (test_folder_integrity)
     path = run / "latest" / ckpt.TRAINER_STATE
     torch.save(tamper(torch.load(path, weights_only=True)), path)
     with pytest.raises(AttnlabError) as err:

@@ -5,7 +5,7 @@ path an export takes (a plain cache, GQA, a cache packed into ``model-genai.onnx
 tokenizer written for genai's tokenizer); every mechanism of the registry, alone and all
 together, is slow. Optimum pins transformers below what the main environment has, so its test
 (slow) runs in the interpreter ATTNLAB_OPTIMUM_PYTHON names: a venv with torch,
-``optimum-onnx`` and ``transformers<4.58`` (see the README's "Shipping models").
+``optimum-onnx`` and ``transformers<4.58`` (see docs/shipping.md).
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def test_optimum_greedy_equals_attnlab_for_every_mechanism(tmp_path: Path) -> No
     got = json.loads(proc.stdout.splitlines()[-1])
     for name, (_, tok, _, greedy) in made.items():
         assert got[name] == [greedy, tok.decode(greedy)], name
-    # native folders export through Optimum too; a remote-code one is refused (the README says
-    # so: its own model.onnx is the route)
+    # native folders export through Optimum too; a remote-code one is refused (docs/shipping.md
+    # says so: its own model.onnx is the route)
     assert got["gpt2 by optimum"] == made["gpt2"][3]
     assert got["llama by optimum"] == made["llama"][3]
     assert "custom or unsupported architecture" in got["twicing by optimum"]

@@ -39,7 +39,7 @@ def test_one_round_is_plain_attention_exactly() -> None:
     torch.manual_seed(0)
     plain = GPT(tiny_model())
     torch.manual_seed(0)
-    # (a gate or K/V source beside boost_rounds=1 is refused: tests/test_reliability3.py)
+    # (a gate or K/V source beside boost_rounds=1 is refused: tests/cli/test_silent_acceptance.py)
     one = GPT(tiny_model(boost_rounds=1))
     assert plain.state_dict().keys() == one.state_dict().keys()
     assert all(

@@ -15,7 +15,7 @@ import pytest
 from attnlab.data.prepare import default_data_dir, load_dataset, prepare
 from attnlab.errors import AttnlabError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

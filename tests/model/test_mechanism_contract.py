@@ -18,7 +18,7 @@ checks are slow) and one representative variant and pair; the rest is marked slo
 
 A toy mechanism registered from one file (tests/toy_mechanism.py) passes the same checks, and
 ``test_the_readme_recipe_needs_no_fourth_place`` adds a mechanism to a copy of the package with
-exactly the README's steps and runs every listing and registry-derived test on it.
+exactly the steps of docs/adding-a-mechanism.md and runs every listing and registry-derived test on it.
 """
 
 from __future__ import annotations
@@ -528,8 +528,8 @@ def test_listings_show_a_registered_mechanism(
     )
 
 
-# The README's "Adding a mechanism" steps, applied to a copy of the package: one file ...
-RECIPE_MODULE = '''"""Added with only the README's steps: y * (1 + s) before c_proj, s = 0 at init."""
+# The steps of docs/adding-a-mechanism.md, applied to a copy of the package: one file ...
+RECIPE_MODULE = '''"""Added with only the documented steps: y * (1 + s) before c_proj, s = 0 at init."""
 
 from __future__ import annotations
 
@@ -567,12 +567,12 @@ SPEC = Mechanism(
 # ... one registry line and one config field; then the tests that read what is registered
 RECIPE_FIELD = "    out_scale: bool = False\n"
 RECIPE_TESTS = [
-    "tests/test_mechanism_contract.py",
-    "tests/test_terminal.py",
-    "tests/test_bench.py",
-    "tests/test_studies.py",
-    "tests/test_padding.py",
-    "tests/test_properties.py",
+    "tests/model/test_mechanism_contract.py",
+    "tests/cli/test_terminal.py",
+    "tests/bench/test_bench.py",
+    "tests/studies/test_studies.py",
+    "tests/model/test_padding.py",
+    "tests/model/test_properties.py",
 ]
 RECIPE_SELECTION = (
     "out_scale or one_line_of_help or presets_fields or bench_labels or bench_generate_quick "
@@ -581,7 +581,7 @@ RECIPE_SELECTION = (
 
 
 def apply_recipe(root: Path) -> None:
-    """The README's three steps in ``root``, a copy of the checkout, as a user would make them."""
+    """The three documented steps in ``root``, a copy of the checkout, as a user would make them."""
     mech = root / "attnlab/model/mechanisms"
     (mech / "out_scale.py").write_text(RECIPE_MODULE)
     registry = (mech / "__init__.py").read_text()
@@ -597,7 +597,7 @@ def apply_recipe(root: Path) -> None:
 
 @pytest.mark.slow
 def test_the_readme_recipe_needs_no_fourth_place(tmp_path: Path) -> None:
-    """A mechanism added to a copy of the package with exactly the README's steps shows in every
+    """A mechanism added to a copy of the package with exactly the documented steps shows in every
     listing (field help, info, the bench) and passes the contract and every test that derives
     from the registry; a fourth place it needed would fail here."""
     root = tmp_path / "checkout"

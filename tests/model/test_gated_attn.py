@@ -1,6 +1,6 @@
 """Gated attention (Qiu et al. 2025): the formula by hand, its init options, statistics, presets.
 
-The mechanism contract (tests/test_mechanism_contract.py) covers caching, padding, exports and
+The mechanism contract (tests/model/test_mechanism_contract.py) covers caching, padding, exports and
 composition; these tests check what is particular to the output gate.
 """
 
