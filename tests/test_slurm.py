@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -58,9 +59,9 @@ model = { n_layer = 1, n_head = 2, n_embd = 32, block_size = 16 }
 train = { max_iters = 4, eval_interval = 2, eval_iters = 1, batch_size = 4, warmup_iters = 1, device = "cpu" }
 """
 
-# one run of each arm, long enough to be cancelled after its first checkpoint (every 100)
+# one run, long enough to be cancelled after its first checkpoint (at iteration 10)
 LONG = TWO_ARMS.replace("seeds = 2", "seeds = 1").replace(
-    "max_iters = 4, eval_interval = 2", "max_iters = 1500, eval_interval = 100"
+    "max_iters = 4, eval_interval = 2", "max_iters = 100, eval_interval = 10"
 )
 
 
@@ -77,14 +78,15 @@ def _sh(*args: str, check: bool = True) -> str:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def slurm_cluster() -> Iterator[Path]:
     """A one-node SLURM cluster on loopback for this session (its slurm.conf's path), its
-    daemons stopped at the end; skipped, saying why, where it cannot start."""
+    daemons stopped and its folder removed at the end; skipped, saying why, where it cannot
+    start. Its folder is its own, not pytest's (which a concurrent pytest may prune)."""
     pytest.importorskip("submitit", reason="submitit is not installed (the cluster extra)")
     missing = [t for t in DAEMONS + CLIENTS if shutil.which(t, path=SBIN) is None]
     if missing:
         pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): make test-slurm")
-    root = tmp_path_factory.mktemp("slurm")
+    root = Path(tempfile.mkdtemp(prefix="attnlab-slurm-"))
     (root / "state").mkdir()
     (root / "spool").mkdir()
     key = root / "munge.key"
@@ -160,12 +162,25 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             pid_file = root / f"{name}.pid"
             if name in started and pid_file.is_file():
                 with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+                    pid = int(pid_file.read_text().split()[0])
+                    os.kill(pid, signal.SIGTERM)
+                    deadline = time.monotonic() + 10  # it saves its state as it stops
+                    while _running(pid) and time.monotonic() < deadline:
+                        time.sleep(0.2)
+        shutil.rmtree(root, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie no reaper collected has stopped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _rows(out: Path) -> list[tuple]:
@@ -353,3 +368,14 @@ def test_slurm_options_refused_before_anything_is_written(
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"attnlab study: error: {said}")
     assert snapshot(out) == {}
+
+
+def test_the_eta_divides_by_the_runs_left_when_fewer_than_run_at_once() -> None:
+    """16 SLURM jobs at once and 2 runs left: those 2 take one run's length, not an eighth."""
+    from attnlab.studies.progress import Tracker
+
+    lines: list[str] = []
+    tracker = Tracker(4, lines.append, parallel=16)
+    tracker.done("a seed 0", "done", 60.0)
+    tracker.done("a seed 1", "done", 120.0)
+    assert lines[-1] == "[2/4] a seed 1: done (2 min 00 s); 2 left, ETA 1 min 30 s"  # 90 s x 2 / 2

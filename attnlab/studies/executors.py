@@ -129,10 +129,10 @@ def _value_problem(name: str, value: Any, hint: Any) -> str | None:
         return None if ok else "give a table of sbatch options (KEY = VALUE)"
     if isinstance(value, bool) or not isinstance(value, hint if hint is int else int | float):
         return f"give a {'whole ' if hint is int else ''}number"
+    if hint is float:
+        return None if value > 0 else "give a positive number"
     least = 0 if name in ("gpus", "retries") else 1
-    if value < least or (hint is float and value <= 0):
-        return f"give {'a positive number' if hint is float else f'at least {least}'}"
-    return None
+    return None if value >= least else f"give at least {least}"
 
 
 class _Unit:
@@ -162,7 +162,6 @@ class _Tracked:
     """A unit of work the study waits for: its index, record and how often it was seen gone."""
 
     index: int
-    key: str
     record: dict[str, Any]
     gone: int = 0
 
@@ -198,7 +197,7 @@ class SlurmExecutor:
             key = _unit_key(work, item)
             record = records.get(key)
             if record is not None and not record.get("collected"):
-                waiting.append(_Tracked(i, key, record))
+                waiting.append(_Tracked(i, record))
             else:
                 fresh.append(i)
         if waiting:
@@ -212,7 +211,7 @@ class SlurmExecutor:
                 key = _unit_key(work, items[i])
                 record = {"job": job, "label": _label(items[i]), "attempt": 1}
                 records[key] = record
-                waiting.append(_Tracked(i, key, record))
+                waiting.append(_Tracked(i, record))
             self.folder.write_jobs(records)  # at once: a rerun follows them, never resubmits
             array = jobs[0].split("_")[0]
             self._say(
