@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -183,6 +184,14 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _local_study(text: str, tmp_path: Path, data: Path, **how: Any) -> tuple[Path, Path]:
+    """The spec ``text`` as a file, and the study folder of it run here (the reference)."""
+    spec_file, local = tmp_path / "spec.toml", tmp_path / "local"
+    spec_file.write_text(text)
+    run_study(load_spec(str(spec_file)), "ci", local, data=data, **how)
+    return spec_file, local
+
+
 def _rows(out: Path) -> list[tuple]:
     with (out / "results.csv").open() as f:
         return sorted(tuple(row[k] for k in COMPARED) for row in csv.DictReader(f))
@@ -204,11 +213,8 @@ def _jobs_of(out: Path) -> set[str]:
 def test_a_stopped_slurm_study_rerun_submits_nothing_again_and_equals_the_local_one(
     slurm_cluster: Path, tiny_data: Path, tmp_path: Path
 ) -> None:
-    spec_file = tmp_path / "two-arms.toml"
-    spec_file.write_text(TWO_ARMS)
+    spec_file, local = _local_study(TWO_ARMS, tmp_path, tiny_data)
     spec = load_spec(str(spec_file))
-    local = tmp_path / "local"
-    run_study(spec, "ci", local, data=tiny_data)
     out = tmp_path / "stopped-and-rerun"
     command = [sys.executable, "-m", "attnlab", "study", str(spec_file), "--out", str(out)]
     command += ["--data", str(tiny_data), "--executor", "slurm", "--jobs", "2", "--time", "10"]
@@ -250,11 +256,8 @@ def test_a_stopped_slurm_study_rerun_submits_nothing_again_and_equals_the_local_
 def test_a_cancelled_slurm_job_is_retried_and_its_run_resumes_identically(
     slurm_cluster: Path, tiny_data: Path, tmp_path: Path
 ) -> None:
-    spec_file = tmp_path / "long.toml"
-    spec_file.write_text(LONG)
+    spec_file, local = _local_study(LONG, tmp_path, tiny_data, variants=["base"])
     spec = load_spec(str(spec_file))
-    local = tmp_path / "local"
-    run_study(spec, "ci", local, data=tiny_data, variants=["base"])
     out = tmp_path / "cancelled"
     lines: list[str] = []
     errors: list[BaseException] = []
@@ -306,7 +309,7 @@ def test_slurm_options_come_from_the_config_file_under_the_command_line(
         cpus=2,
         jobs=4,
         setup=("module load cuda",),
-        sbatch={"qos": "high"},
+        sbatch={"account": "lab", "qos": "high"},
     )
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "none"))
     monkeypatch.delenv(CONFIG_ENV)

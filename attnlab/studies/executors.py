@@ -92,7 +92,8 @@ def config_path() -> Path:
 
 def slurm_options(given: dict[str, Any]) -> SlurmOptions:
     """The config file's values (``config_path``; none if it is absent) under ``given`` (the
-    command line's; None: not given), each checked; a bad one is refused in one line."""
+    command line's; None: not given), each checked; a bad one is refused in one line. The
+    sbatch options of both are merged, the command line's winning."""
     path = config_path()
     table: dict[str, Any] = {}
     if path.is_file():
@@ -113,6 +114,7 @@ def slurm_options(given: dict[str, Any]) -> SlurmOptions:
             where = f"--{name}" if given.get(name) is not None else f"{path}: {name}"
             raise AttnlabError(f"{where} is {value!r}; {problem}")
     values["setup"] = tuple(values.get("setup", ()))
+    values["sbatch"] = {**table.get("sbatch", {}), **(given.get("sbatch") or {})}  # both
     return SlurmOptions(**values)
 
 
