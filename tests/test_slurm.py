@@ -382,3 +382,46 @@ def test_the_eta_divides_by_the_runs_left_when_fewer_than_run_at_once() -> None:
     tracker.done("a seed 0", "done", 60.0)
     tracker.done("a seed 1", "done", 120.0)
     assert lines[-1] == "[2/4] a seed 1: done (2 min 00 s); 2 left, ETA 1 min 30 s"  # 90 s x 2 / 2
+
+
+def test_a_unit_whose_retries_are_spent_stops_the_study_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue stands in here (every job gone at once, FAILED): the retries, the records
+    and the refusal, without a cluster."""
+    pytest.importorskip("submitit", reason="submitit is not installed (the cluster extra)")
+    from attnlab.studies import executors
+
+    folder = StudyDir(tmp_path / "study")
+    submitted: list[str] = []
+
+    def submit(self, work, items) -> list[str]:
+        submitted.extend(f"{100 + len(submitted) + i}" for i in range(len(items)))
+        return submitted[-len(items) :]
+
+    monkeypatch.setattr(executors.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(executors.SlurmExecutor, "_submit", submit)
+    monkeypatch.setattr(executors, "_queue", dict)
+    monkeypatch.setattr(executors, "_final_state", lambda job: "FAILED")
+    lines: list[str] = []
+    options = SlurmOptions(retries=1, poll=0.001)
+    slurm = executors.SlurmExecutor(options, folder, lines.append)
+    with pytest.raises(AttnlabError) as e:
+        slurm.run(str, ["x"], lambda *_: pytest.fail("no job returned"))
+    assert str(e.value) == (
+        "SLURM job 101 (str) ended FAILED without its result after 2 submissions; logs in "
+        f"{folder.slurm}; the other results are in the study folder, and the same command "
+        "submits it again"
+    )
+    assert lines == [
+        f"SLURM: submitted 1 jobs (job 100, at most 16 at once); their logs are in {folder.slurm}",
+        "SLURM: 0 queued, 0 running, 0 of 1 done",
+        "SLURM job 100 (str) ended FAILED without its result; submitted again as job 101 "
+        "(retry 1 of 1)",
+        "SLURM job 101 (str) ended FAILED; no retries left (1)",
+    ]
+    (record,) = folder.read_jobs().values()
+    assert record == {"job": "101", "label": "str", "attempt": 2, "collected": True}
+    with pytest.raises(AttnlabError):  # given up: a rerun submits it afresh, not follows it
+        slurm.run(str, ["x"], lambda *_: None)
+    assert submitted == ["100", "101", "102", "103"]

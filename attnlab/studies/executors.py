@@ -149,8 +149,9 @@ class _Unit:
 
         # the allocation decides the threads (the cluster confines each job to its CPUs)
         result = self.work(self.item, None)
-        job_id = submitit.JobEnvironment().job_id
-        write_json(StudyDir(self.folder).job_result(job_id), result)
+        path = StudyDir(self.folder).job_result(submitit.JobEnvironment().job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a job may finish before it is recorded
+        write_json(path, result)
 
     def checkpoint(self) -> Any:
         """Requeue as it is: a training run resumes from its own last checkpoint."""
@@ -292,10 +293,11 @@ class SlurmExecutor:
                 last_status = status
             time.sleep(self.options.poll)
         if given_up:
+            more = f" ({len(given_up) - 1} more alike)" if len(given_up) > 1 else ""
             raise AttnlabError(
-                f"{len(given_up)} units of work never returned a result: {given_up[0]}"
-                f"{' and more' if len(given_up) > 1 else ''} (logs in {self.folder.slurm}); the "
-                "others are in the study folder, and the same command submits those again"
+                f"{given_up[0]} without its result after {self.options.retries + 1} "
+                f"submissions{more}; logs in {self.folder.slurm}; the other results are in the "
+                "study folder, and the same command submits it again"
             )
 
     def _submit(self, work: Callable[[Any, int | None], Any], items: Sequence[Any]) -> list[str]:
