@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test test-unit test-slow test-all test-ecosystem lint
+.PHONY: demo test test-unit test-slow test-all test-ecosystem test-slurm slurm lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m 'slow or not slow'
+
+# Debian's SLURM and munge for tests/studies/test_slurm.py's one-node cluster, installed where missing
+# (apt, as root); the tests start and stop the daemons themselves
+slurm:
+	test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge)
+
+test-slurm: $(STAMP) slurm
+	$(BIN)/python -m pytest -q -m 'slow or not slow' --durations=5 tests/studies/test_slurm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

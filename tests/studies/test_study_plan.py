@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -216,11 +217,11 @@ def test_step_timings_compile_where_the_runs_train_compiled(
     # baseline the mechanism's 4 iterations times the ratio
     paces: list[jobs.Pace] = []
 
-    def pool(work, items, n_jobs, on_done) -> None:  # the timing, at once
-        paces.extend(items)
-        on_done(0, fixed_pace()(items[0]), 0.0)
+    class Pool:  # the timing, at once
+        def run(self, work, items, on_done) -> None:
+            paces.extend(items)
+            on_done(0, fixed_pace()(items[0]), 0.0)
 
-    monkeypatch.setattr(lm, "run_all", pool)
     study = runner._prepared(
         load_spec(str(spec)),
         "ci",
@@ -234,6 +235,7 @@ def test_step_timings_compile_where_the_runs_train_compiled(
         False,
         None,
     )
+    study = replace(study, executor=Pool())
     assert lm.wallclock_budget(study, "base-wallclock")["iters"] == 6
     assert [(p.baseline.variant, p.mechanism.variant) for p in paces] == [("base-wallclock", "kv")]
     assert [p.mechanism.train["compile"] for p in paces] == [True]
