@@ -24,9 +24,11 @@ from conftest import tiny_model, tiny_train
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from attnlab import cli
+from attnlab.errors import AttnlabError
 from attnlab.fsutil import MANIFEST, write_manifest
 from attnlab.rundir import BEST, LATEST
 from attnlab.train import checkpoint as ckpt
+from attnlab.train import dcp_safe
 from attnlab.train.trainer import Trainer
 
 ITERS = 4  # the run's length; a resume asks for one more
@@ -237,3 +239,44 @@ def test_a_planted_payload_runs_nothing(
         assert err.count("\n") == 1 and err.startswith(f"attnlab {args[0]}: error: "), err
         assert case.named in err, (command, err)
         assert snapshot(tmp_path) == before, command
+
+
+def test_a_swapped_tokenizer_of_a_sharded_checkpoint_is_refused(
+    sharded_run: Path, tmp_path: Path, capsys
+) -> None:
+    """Without a manifest a sharded checkpoint sampled with another tokenizer.json: there is
+    no model.safetensors to record its digest, so trainer_state.pt does."""
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    path = run / BEST / ckpt.TOKENIZER
+    (run / BEST / MANIFEST).unlink()
+    text = path.read_text()
+    swapped = text.replace('"a": ', '"a_": ').replace('"b": ', '"a": ').replace('"a_": ', '"b": ')
+    assert swapped != text
+    path.write_text(swapped)
+    before = snapshot(tmp_path)
+    assert cli.main(["sample", str(run), "--max-new-tokens", "2", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        f"attnlab sample: error: {path} does not match the sha256 recorded in "
+        f"{ckpt.TRAINER_STATE}: one of them was edited or replaced after the model was saved\n"
+    )
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["../../config.json", "/etc/hostname", ".."])
+def test_shard_metadata_naming_a_file_outside_the_folder_is_refused(
+    sharded_run: Path, tmp_path: Path, name: str
+) -> None:
+    """A .metadata whose storage names ../x read that file's bytes into the weights."""
+    shards = tmp_path / "run" / BEST / ckpt.SHARDS
+    shutil.copytree(sharded_run, tmp_path / "run")
+    metadata = dcp_safe.read_metadata(shards / ckpt.SHARD_METADATA)
+    for info in metadata.storage_data.values():
+        info.relative_path = name
+    (shards / ckpt.SHARD_METADATA).write_bytes(pickle.dumps(metadata))
+    (shards.parent / MANIFEST).unlink()  # the manifest would refuse the changed file first
+    with pytest.raises(AttnlabError) as err:
+        ckpt.read_weights(shards.parent)
+    assert str(err.value) == (
+        f"{shards / ckpt.SHARD_METADATA} names {name!r}, which is not a file of {shards}"
+    )
