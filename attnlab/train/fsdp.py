@@ -40,6 +40,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from attnlab.config import ModelConfig
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import no_space_message, out_of_space
 from attnlab.model import GPT
 from attnlab.train.dcp_safe import SafePlanner, SafeReader
 
@@ -203,7 +204,17 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder
     """Every rank writes its shards of the weights and optimizer state into ``folder`` (a
     collective; under torchrun ``folder`` must be on a file system every node sees)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    except (dcp.api.CheckpointException, OSError, RuntimeError) as e:  # every rank's own line
+        causes = [f[0] for f in getattr(e, "failures", {}).values()] or [e]
+        if any(out_of_space(cause, folder.parent) for cause in causes):
+            raise AttnlabError(no_space_message(folder)) from None
+        first = causes[0]
+        reason = (str(first).strip().splitlines() or [type(first).__name__])[-1][:200]
+        raise AttnlabError(
+            f"could not write the shards {folder} ({reason}); the previous checkpoint is intact"
+        ) from None
 
 
 def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:

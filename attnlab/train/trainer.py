@@ -40,7 +40,7 @@ from attnlab.device import (
     synchronize,
 )
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import full_disk_in_one_line, remove_stale_temps
+from attnlab.fsutil import check_manifest, full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.rundir import (
@@ -412,6 +412,8 @@ class Trainer:
         # first: its config.json is checked with them (read on every rank, so that every rank
         # refuses what one refuses); a sharded latest/ is read once the model is distributed
         shards = ckpt.shards_of(folder)
+        if shards is not None:  # read_weights checks the others' (shards are read below)
+            check_manifest(folder)
         weights = ckpt.read_weights(folder) if shards is None else None
         # config.json edited to another model (twicing=true, another dropout): the same weights
         # would go on as this run computing something else

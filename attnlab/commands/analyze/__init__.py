@@ -14,7 +14,7 @@ from typing import Any
 
 from attnlab.commands._common import path_arg, register_all
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_out_path, check_writable
+from attnlab.fsutil import check_out_path, check_writable, refuse_nested
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,6 +59,7 @@ def out_dir(args: Any, files: Sequence[str]) -> Path:
     check_not_file(args.run)  # before its --out: "cannot write FILE/analysis" misled
     if args.out:
         out = Path(args.out)
+        refuse_nested(out)  # inside a data or model folder: its next replacement deletes it
         if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's
             raise AttnlabError(
                 f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
