@@ -13,26 +13,15 @@ import pytest
 from conftest import run_cli
 from test_bad_input import error_line
 from test_folder_safety import snapshot
-from test_study_publish import SPEC
+from test_study_publish import study  # noqa: F401  (a finished two-run study)
 
 from attnlab.studies import output, runner
-from attnlab.studies.runner import run_study
-from attnlab.studies.spec import load_spec
 from attnlab.train import checkpoint as ckpt
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, Path]:
-    """A finished two-run study: (its spec file, its folder)."""
-    root = tmp_path_factory.mktemp("guards")
-    spec = root / "pair.toml"
-    spec.write_text(SPEC)
-    run_study(load_spec(str(spec)), "ci", root / "study", data=tiny_data)
-    return spec, root / "study"
-
-
 def test_publishing_again_refuses_over_a_figure_the_user_added(
-    study: tuple[Path, Path], tmp_path: Path
+    study: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The second --publish replaced figures/ whole, deleting figures/mine.png unsaid."""
     spec, folder = study
@@ -50,7 +39,9 @@ def test_publishing_again_refuses_over_a_figure_the_user_added(
 
 
 def test_reuse_from_refuses_a_run_whose_weights_were_damaged(
-    study: tuple[Path, Path], tmp_path: Path, tiny_data: Path
+    study: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+    tiny_data: Path,
 ) -> None:
     """--reuse-from copied a damaged model.safetensors without checking its digest."""
     spec, folder = study
@@ -75,7 +66,10 @@ def test_reuse_from_refuses_a_run_whose_weights_were_damaged(
     assert snapshot(tmp_path) == before
 
 
-def test_report_only_refuses_seeds_no_run_has(study: tuple[Path, Path], tmp_path: Path) -> None:
+def test_report_only_refuses_seeds_no_run_has(
+    study: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
     """study.json edited to 5 seeds (1 ran): the report said "Seeds 0-4 (5)"."""
     spec, folder = study
     copy = tmp_path / "study"
@@ -95,7 +89,9 @@ def test_report_only_refuses_seeds_no_run_has(study: tuple[Path, Path], tmp_path
 
 @pytest.mark.parametrize("jobs", ["1000000", str(runner.JOBS_PER_CPU * (os.cpu_count() or 1) + 1)])
 def test_absurd_jobs_are_refused_with_the_range(
-    study: tuple[Path, Path], tmp_path: Path, jobs: str
+    study: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+    jobs: str,
 ) -> None:
     spec, _ = study
     before = snapshot(tmp_path)
