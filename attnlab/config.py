@@ -149,6 +149,7 @@ def unknown_key_message(key: str, known: list[str], where: str) -> str:
 
 # the defaults of fields that act only with another setting: any other value without it is refused
 ROPE_THETA = 10000.0  # with pos="rope"
+DIST_TIMEOUT_MAX = 365 * 24 * 3600  # dist_timeout's bound, seconds
 MAX_BAD_STEPS = 10  # with nan_policy="skip"
 
 
@@ -331,6 +332,11 @@ class TrainConfig(_Serialisable):
             "max_bad_steps",
             allow_zero=True,
         )
+        if self.dist_timeout > DIST_TIMEOUT_MAX:  # timedelta and the backends overflow past it
+            raise ConfigError(
+                f"dist_timeout={self.dist_timeout!r} must be at most {DIST_TIMEOUT_MAX:,} "
+                "seconds (a year)"
+            )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
         if self.nan_policy != "skip" and self.max_bad_steps != MAX_BAD_STEPS:

@@ -36,7 +36,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from attnlab.errors import AttnlabError
@@ -185,7 +185,20 @@ def _parse_manifest(path: Path) -> dict[str, Any] | None:
             and isinstance(f.get("sha256"), str)
             for f in files.values()
         )
-    return data if valid else None
+    # "../secret.txt" or "/etc/passwd" would be checked (and vouched for) outside the folder
+    inside = valid and all(_inside(name) for name in [*data["entries"], *(files or {})])
+    return data if inside else None
+
+
+def _inside(name: str) -> bool:
+    """Whether ``name`` is a relative path below a folder (what a manifest may list)."""
+    path = PurePosixPath(name)
+    return (
+        bool(path.parts)
+        and not path.is_absolute()
+        and "\\" not in name  # a Windows path
+        and all(part not in (".", "..") for part in path.parts)
+    )
 
 
 def read_manifest(folder: Path, flag: str = "--out") -> dict[str, Any] | None:
@@ -201,9 +214,9 @@ def read_manifest(folder: Path, flag: str = "--out") -> dict[str, Any] | None:
 def _manifest_at(folder: Path, if_damaged: str) -> dict[str, Any] | None:
     """``folder``'s parsed manifest, None without one; a damaged one refused: "damaged, so ..."."""
     path = folder / MANIFEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
-    data = _parse_manifest(path)
+    data = _parse_manifest(path) if path.is_file() else None  # a folder there: damaged
     if data is None:
         raise AttnlabError(f"{path} is damaged, so {if_damaged}")
     return data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from attnlab.commands._common import path_arg
 
@@ -84,4 +85,10 @@ def run(args: argparse.Namespace) -> int:
         f"{meta['val_tokens']:,} val tokens, {meta['tokenizer']} vocab {meta['vocab_size']:,} "
         f"({meta['dtype']}) -> {out}"
     )
+    if args.vocab_size and meta["vocab_size"] < args.vocab_size:  # BPE ran out of pairs to merge
+        print(
+            f"attnlab prepare: --vocab-size {args.vocab_size:,} asked for, {meta['vocab_size']:,} "
+            "learned: the text has no more pairs to merge (more text gives more)",
+            file=sys.stderr,
+        )
     return 0

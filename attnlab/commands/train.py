@@ -15,7 +15,7 @@ from attnlab.config import split_overrides
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_writable, refuse_foreign, refuse_source_inside, replace_folder
 from attnlab.presets import get_preset
-from attnlab.rundir import LOCK_FILE, RunDir, RunLock, is_run_folder
+from attnlab.rundir import LOCK_FILE, RunDir, RunLock, finished_summary, is_run_folder
 
 if TYPE_CHECKING:
     from attnlab.train.init_from import InitFrom
@@ -152,6 +152,14 @@ def restarted_run(out: str | None) -> bool:
     env = RunDir(out).read_env() or {}
     job = os.environ.get("TORCHELASTIC_RUN_ID")
     started_here = job is not None and env.get("torchrun_run_id") == job
+    if started_here and finished_summary(out) is not None:
+        # a restart continues a run its job left unfinished; a finished one with this job id
+        # is another job's that reused the id (a fixed --rdzv-id): resumed, it trains nothing
+        raise AttnlabError(
+            f"{out} holds a finished run of a torchrun job with this id ({job}); a restart "
+            "continues only an unfinished one: choose another --out, or give each job its own "
+            "--rdzv-id"
+        )
     return started_here and checkpoint_dir(RunDir(out).latest) is not None
 
 

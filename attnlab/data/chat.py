@@ -121,6 +121,12 @@ def _check_record(record: Any, where: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise AttnlabError(f"{where}: expected a JSON object, got {type(record).__name__}")
     if "messages" in record:
+        both = [k for k in ("prompt", "response") if k in record]
+        if both:  # one of the two would be dropped without a word
+            raise AttnlabError(
+                f"{where}: holds both messages and {' and '.join(both)}; give a record one or "
+                "the other"
+            )
         msgs = record["messages"]
         ok = (
             isinstance(msgs, list)

@@ -72,6 +72,8 @@ HF_LOGGERS = ("datasets", "huggingface_hub")  # the libraries' own loggers (stde
 CHUNK = 1 << 20  # characters (bytes, reading a file) per piece: how much of a document a pass holds
 SPLITS = ("train", "val")
 FORMATS = (".txt", ".jsonl", ".parquet")  # what a folder is searched for
+log = logging.getLogger(__name__)
+TEXT_TYPES = ("string", "large_string")  # a text column's type, as pyarrow and datasets name it
 ROWS_PER_BATCH = 1024  # rows of a table read at a time
 
 
@@ -221,12 +223,18 @@ def _jsonl_rows(path: Path) -> Iterator[str]:
             yield text
 
 
-def _text_column(source: str, columns: dict[str, bool]) -> str:
-    """The column named "text", else the first of string type (``columns``: name -> is text)."""
-    column = "text" if "text" in columns else next((c for c, text in columns.items() if text), None)
-    if column is None:
+def _text_column(source: str, columns: dict[str, str]) -> str:
+    """The column named "text" (refused unless it holds strings), else the first of string
+    type, named in a warning (``columns``: name -> type name)."""
+    text = [name for name, kind in columns.items() if kind in TEXT_TYPES]
+    if "text" in columns:
+        if "text" not in text:  # integers or lists: a TypeError deep in the tokenizer
+            raise AttnlabError(f"{source}: its text column holds {columns['text']}, not strings")
+        return "text"
+    if not text:
         raise AttnlabError(f"{source}: no text column (columns: {', '.join(columns)})")
-    return column
+    log.warning("%s: no column named text; preparing its column %r", source, text[0])
+    return text[0]
 
 
 def _parquet_rows(path: Path) -> Iterator[str]:
@@ -241,9 +249,7 @@ def _parquet_rows(path: Path) -> Iterator[str]:
     try:
         table = pq.ParquetFile(path)
         schema = table.schema_arrow
-        kinds = {
-            f.name: pa.types.is_string(f.type) or pa.types.is_large_string(f.type) for f in schema
-        }
+        kinds = {f.name: str(f.type) for f in schema}
         column = _text_column(str(path), kinds)
         for batch in table.iter_batches(batch_size=ROWS_PER_BATCH, columns=[column]):
             yield from (row for row in batch.column(0).to_pylist() if row is not None)
@@ -273,7 +279,7 @@ def _file_document(path: Path, title: str) -> Document:
 
 def _dataset_document(source: str, title: str, ds: Any) -> Document:
     """A ``datasets.Dataset`` as one document: its text column's rows joined by newlines."""
-    kinds = {c: getattr(f, "dtype", None) == "string" for c, f in ds.features.items()}
+    kinds = {c: str(getattr(f, "dtype", type(f).__name__)) for c, f in ds.features.items()}
     column = _text_column(source, kinds)
     rows = ds.select_columns([column])
 

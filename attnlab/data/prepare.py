@@ -625,8 +625,15 @@ def prepare_once(out: Path, corpus: str = EMBEDDED, **options: Any) -> None:
     file beside ``out`` prepares; the others wait for it and find the folder ready."""
     if is_data_folder(out):
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.prepare.lock", "a") as lock:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(out.parent / f".{out.name}.prepare.lock", "a")  # noqa: SIM115 - closed below
+    except OSError as e:  # a read-only mount, or ATTNLAB_HOME naming a file
+        raise AttnlabError(
+            f"cannot prepare the shipped corpus in {out} ({e.strerror or e}): set ATTNLAB_HOME "
+            "to a folder you can write, or pass --data"
+        ) from None
+    with lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
         if not is_data_folder(out):

@@ -20,9 +20,13 @@ always encode as single tokens, and they are saved in ``tokenizer.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import string
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -91,6 +95,35 @@ def check_bpe_vocab(kind: str, vocab_size: int) -> None:
         )
     if vocab_size > MAX_VOCAB:
         raise AttnlabError(f"BPE vocab size must be at most {MAX_VOCAB:,}, got {vocab_size:,}")
+
+
+class _RustPanic(BaseException):
+    """A Rust panic inside the tokenizers library (pyo3's PanicException, a BaseException: a
+    crafted tokenizer.json panics where a malformed one raises), as an ordinary error."""
+
+
+@contextlib.contextmanager
+def _rust_panic_quiet() -> Iterator[None]:
+    """Turn a panic of the block into _RustPanic, and keep the message and backtrace Rust
+    prints for it off stderr (what else the block writes there is passed on)."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        panicked = False
+        try:
+            yield
+        except BaseException as e:
+            panicked = type(e).__name__ == "PanicException"
+            if not panicked:
+                raise
+            raise _RustPanic(str(e)) from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not panicked:
+                held.seek(0)
+                sys.stderr.flush()
+                os.write(2, held.read())
 
 
 class Tokenizer:
@@ -259,8 +292,9 @@ class Tokenizer:
                 "model folder that holds one"
             )
         try:
-            hf = tokenizers.Tokenizer.from_file(str(file))
-        except Exception as e:  # the Rust error says what is wrong; keep its first line
+            with _rust_panic_quiet():
+                hf = tokenizers.Tokenizer.from_file(str(file))
+        except (Exception, _RustPanic) as e:  # the Rust error says what is wrong: its first line
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise AttnlabError(f"{file}: not a valid tokenizer.json ({reason})") from None
         try:

@@ -100,11 +100,14 @@ def sample_next(
     if temperature <= 0.0:
         return logits.argmax(dim=-1, keepdim=True)
     scaled = logits / temperature
-    # a temperature so small (1e-30) that finite logits overflowed: NaN probabilities; shifted
-    # by their maximum first they keep it finite, with the same distribution (only here:
-    # ordinary temperatures draw exactly as they always did, masked -inf logits or not)
-    if (torch.isinf(scaled) & torch.isfinite(logits)).any():
-        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    # a temperature so small that finite logits overflowed (1e-30), one that rounds to 0 in
+    # the logits' dtype (1e-300 in float32: 0/0 is NaN) or to inf (1e300: a masked -inf/inf is
+    # NaN): shifted by their maximum and divided in float64 (where every positive Python float
+    # is finite and nonzero) the largest logit is 0 and the rest below it, the same
+    # distribution; only here: ordinary temperatures draw exactly as they always did
+    if (scaled.isnan() | (scaled.isinf() & logits.isfinite())).any():
+        shifted = logits.double() - logits.amax(dim=-1, keepdim=True).double()
+        scaled = (shifted / temperature).to(logits.dtype)
     logits = filter_logits(scaled, top_k, top_p)
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator)
 

@@ -284,6 +284,7 @@ class StudyDir:
             )
         if check_out_path(dest, "--publish"):
             _refuse_publishing_over(dest, record.get("name"), record.get("preset"))
+            self._refuse_replacing_foreign_figures(dest)
         return dest
 
     @property
@@ -320,6 +321,31 @@ class StudyDir:
         """Record the study's SLURM jobs (``read_jobs``)."""
         (self.slurm / SLURM_RESULTS).mkdir(parents=True, exist_ok=True)
         write_json(self.slurm / SLURM_JOBS, jobs)
+
+    def _refuse_replacing_foreign_figures(self, dest: Path) -> None:
+        """The copy replaces ``dest``'s figures/ whole: a file there that is neither a figure of
+        this study nor one the earlier copy's report shows (one it drew then) is the user's,
+        and would be lost unsaid."""
+        figures, ours = dest / FIGURES, self.path / FIGURES
+        if not figures.is_dir() or figures.is_symlink():
+            return
+        try:
+            shown = (dest / REPORT).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            shown = ""
+        foreign = [
+            p
+            for p in sorted(figures.rglob("*"))
+            if not p.is_dir()
+            and not (ours / p.relative_to(figures)).is_file()
+            and f"({figure_link(p.relative_to(figures).as_posix())})" not in shown
+        ]
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if foreign[1:] else ""
+            raise AttnlabError(
+                f"--publish {dest}: {foreign[0]}{more} is not a figure of this study, and the "
+                f"copy replaces {figures} whole; move it out of there first"
+            )
 
     def write_report(self, text: str) -> None:
         tmp = self.path / f"{REPORT}.tmp"

@@ -10,6 +10,7 @@ written; runs another study trained identically can be copied in (``reuse_from``
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -44,6 +45,7 @@ INVOCATION_FIELDS = (
 )
 
 STUDY_SEEDS = 10_000  # seeds 0 .. n - 1, each a training seed (< SEED_LIMIT)
+JOBS_PER_CPU = 4  # --jobs' bound: parallel runs per CPU of the machine
 
 
 def run_study(
@@ -165,6 +167,12 @@ def _prepared(
     n_seeds = seeds if seeds is not None else scale.seeds
     if n_seeds < 1 or jobs < 1:
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
+    # each job is a process of at least one thread: past a few per CPU they only queue
+    most = JOBS_PER_CPU * (os.cpu_count() or 1)
+    if jobs > most:
+        raise AttnlabError(
+            f"--jobs must be between 1 and {most} ({JOBS_PER_CPU} per CPU here; got {jobs:,})"
+        )
     if n_seeds > STUDY_SEEDS:  # a run folder (and a plan row) per variant and seed
         raise AttnlabError(f"--seeds must be at most {STUDY_SEEDS:,} (got {n_seeds:,})")
     kind = KINDS[spec.kind]
@@ -277,6 +285,15 @@ def _check_record(
         if (run["variant"], run["seed"]) in seen:
             raise AttnlabError(f"{folder.path / RESULTS_JSON}: run {what} is listed twice")
         seen.add((run["variant"], run["seed"]))
+    ran = {run["seed"] for run in runs}
+    unrun = [s for s in seeds if s not in ran]
+    if runs and unrun:  # the report would count seeds that no run has (study.json edited)
+        raise AttnlabError(
+            f"{where} has seeds {seeds}, but {folder.path / RESULTS_JSON} holds no run of seed "
+            f"{unrun[0]}"
+            + (f" (nor of {len(unrun) - 1} more)" if unrun[1:] else "")
+            + "; restore it as the study wrote it, or run the study command again"
+        )
     for name in spec.variants:  # a finished run left out would vanish from the report
         for seed in seeds:
             finished = finished_summary(folder.run_dir(name, seed)) is not None

@@ -64,6 +64,7 @@ ASIDE = ".old"
 DIGEST_KEY = "attnlab.sha256"  # safetensors metadata entry holding weights_digest()
 # safetensors metadata entries holding the sha256 of the folder's other files, checked on load
 FILE_DIGEST_KEYS = {CONFIG: "attnlab.config.sha256", TOKENIZER: "attnlab.tokenizer.sha256"}
+FILES_KEY = "files"  # a sharded checkpoint's trainer_state.pt entry holding those digests
 # Test hook for the crash-safety tests: "STAGE:N" makes the Nth save_checkpoint of the process
 # SIGKILL itself at STAGE ("write": temporary folder half written; "swap": between the renames).
 KILL_HOOK = "ATTNLAB_TEST_KILL_DURING_SAVE"
@@ -189,6 +190,8 @@ def save_checkpoint(
         if train_config is not None:
             (tmp / TRAIN_CONFIG).write_text(train_config.to_json())
         if trainer_state is not None:  # into memory first: a full disk is then an OSError
+            if shards is not None:  # no model.safetensors records them: read_weights checks
+                trainer_state = {**trainer_state, FILES_KEY: file_digests(tmp)}
             buffer = io.BytesIO()
             torch.save(trainer_state, buffer)
             write_bytes(tmp / TRAINER_STATE, buffer.getvalue())
@@ -277,22 +280,29 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     if shards is not None:
         from attnlab.train import fsdp
 
+        if (folder / TRAINER_STATE).is_file():  # a tokenizer.json swapped in, without a manifest
+            recorded = read_trainer_state(folder).get(FILES_KEY)
+            check_file_digests(
+                folder, recorded if isinstance(recorded, dict) else {}, TRAINER_STATE
+            )
+
         return check_tensors(fsdp.read_shard_weights(shards, read_model_config(folder)), shards)
     raise AttnlabError(f"{folder} has neither {WEIGHTS} nor {BIN_WEIGHTS}")
 
 
-def check_file_digests(folder: Path, metadata: dict[str, str]) -> None:
-    """Refuse a config.json or tokenizer.json changed since the weights recorded its sha256."""
+def check_file_digests(folder: Path, metadata: dict[str, str], recorded_in: str = WEIGHTS) -> None:
+    """Refuse a config.json or tokenizer.json changed since ``recorded_in`` (the weights, or a
+    sharded checkpoint's trainer state) recorded its sha256."""
     for name, key in FILE_DIGEST_KEYS.items():
         expected, path = metadata.get(key), folder / name
         if expected is None:
             continue  # written before digests were recorded, or by another tool
         if not path.is_file():
-            raise AttnlabError(f"{path} is missing; {WEIGHTS} was saved with it")
+            raise AttnlabError(f"{path} is missing; {recorded_in} was saved with it")
         if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
             raise AttnlabError(  # either file may be the one replaced: say both
-                f"{path} does not match the sha256 recorded in {WEIGHTS}: one of them was edited "
-                "or replaced after the model was saved"
+                f"{path} does not match the sha256 recorded in {recorded_in}: one of them was "
+                "edited or replaced after the model was saved"
             )
 
 
@@ -333,23 +343,25 @@ _TORCH_LOAD_BOILERPLATE = (
 )
 
 
-def safe_torch_load(path: str | Path) -> Any:
-    """torch.load that refuses anything but tensors and plain containers (never runs code)."""
+def safe_torch_load(path: str | Path | io.BytesIO, name: str | None = None) -> Any:
+    """torch.load that refuses anything but tensors and plain containers (never runs code);
+    ``name``: what the messages call it (default: the path)."""
+    name = str(path) if name is None else name
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise on stderr
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise AttnlabError(
-            f"{path} refused: it is not a plain weights file ({_refusal_reason(str(e))})"
+            f"{name} refused: it is not a plain weights file ({_refusal_reason(str(e))})"
         ) from None
     except FileNotFoundError:
-        raise AttnlabError(f"{path} does not exist") from None
+        raise AttnlabError(f"{name} does not exist") from None
     except IsADirectoryError:
-        raise AttnlabError(f"{path} is a folder, not a weights file") from None
+        raise AttnlabError(f"{name} is a folder, not a weights file") from None
     except (RuntimeError, EOFError, OSError) as e:
         reason = (str(e).strip().splitlines() or [f"{type(e).__name__}: empty file?"])[0]
-        raise AttnlabError(f"{path} is truncated or corrupted ({reason})") from None
+        raise AttnlabError(f"{name} is truncated or corrupted ({reason})") from None
     except (
         KeyError,
         IndexError,
@@ -357,7 +369,7 @@ def safe_torch_load(path: str | Path) -> Any:
         TypeError,
     ):  # the unpickler fed bytes that are no pickle
         raise AttnlabError(
-            f"{path} is not a PyTorch checkpoint (its bytes are neither a zip nor a pickle)"
+            f"{name} is not a PyTorch checkpoint (its bytes are neither a zip nor a pickle)"
         ) from None
 
 

@@ -21,6 +21,8 @@ from attnlab.errors import AttnlabError
 
 # what torchrun sets for every rank, and init_process_group's env:// rendezvous reads
 LAUNCH_VARIABLES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+# what torchrun sets for its workers alone: a WORLD_SIZE without it was left from another job
+ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 # seconds the ranks wait for each other at the start (torchrun starts them together)
 JOIN_TIMEOUT_S = 300
 
@@ -73,6 +75,13 @@ def setup(device_type: str, timeout_s: float = 600.0) -> DistEnv:
         raise AttnlabError(
             f"WORLD_SIZE={world_size} is set but {names} not: start one process per rank with "
             "torchrun (see README), or unset WORLD_SIZE to train in one process"
+        )
+    if ELASTIC_RUN_ID not in os.environ:  # left in the shell: the peers would never come
+        shown = ", ".join(f"{k}={v}" for k, v in launch.items())
+        raise AttnlabError(
+            f"{shown} are set, but this process was not started by torchrun (no "
+            f"{ELASTIC_RUN_ID}): start every rank with torchrun (see README), or unset "
+            f"{', '.join(LAUNCH_VARIABLES[:-1])} and {LAUNCH_VARIABLES[-1]} to train in one process"
         )
     env = DistEnv(rank, world_size, local_rank, local_world_size)
     if not dist.is_initialized():

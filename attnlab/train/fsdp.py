@@ -40,7 +40,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from attnlab.config import ModelConfig
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import no_space_message, out_of_space
 from attnlab.model import GPT
+from attnlab.train.dcp_safe import SafePlanner, SafeReader
 
 
 def mesh(device_type: str, world_size: int, local_world_size: int, hybrid: bool) -> DeviceMesh:
@@ -202,7 +204,17 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder
     """Every rank writes its shards of the weights and optimizer state into ``folder`` (a
     collective; under torchrun ``folder`` must be on a file system every node sees)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder))
+    except (dcp.api.CheckpointException, OSError, RuntimeError) as e:  # every rank's own line
+        causes = [f[0] for f in getattr(e, "failures", {}).values()] or [e]
+        if any(out_of_space(cause, folder.parent) for cause in causes):
+            raise AttnlabError(no_space_message(folder)) from None
+        first = causes[0]
+        reason = (str(first).strip().splitlines() or [type(first).__name__])[-1][:200]
+        raise AttnlabError(
+            f"could not write the shards {folder} ({reason}); the previous checkpoint is intact"
+        ) from None
 
 
 def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -228,8 +240,9 @@ def read_shard_weights(folder: Path, config: ModelConfig) -> dict[str, torch.Ten
 def _load(state: dict[str, Any], folder: Path) -> None:
     """torch.distributed.checkpoint's load into ``state``, its errors one line. Optimizer state
     may be missing (see load_shards); a weight may not: it would keep uninitialised memory."""
+    reader = SafeReader(str(folder))  # never plain pickle: see attnlab.train.dcp_safe
+    saved = reader.read_metadata().state_dict_metadata  # refused, or one line naming the file
     try:
-        saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
         missing = [name for name in state["model"] if f"model.{name}" not in saved]
         if missing:
             raise ValueError(f"no {missing[0]} in it ({len(missing)} weights missing)")
@@ -237,10 +250,14 @@ def _load(state: dict[str, Any], folder: Path) -> None:
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
             dcp.load(
                 state,
-                checkpoint_id=str(folder),
-                planner=dcp.DefaultLoadPlanner(allow_partial_load=True),
+                storage_reader=reader,
+                planner=SafePlanner(folder, allow_partial_load=True),
                 no_dist=not dist.is_initialized(),
             )
     except (dcp.api.CheckpointException, RuntimeError, OSError, ValueError, EOFError) as e:
+        failures = getattr(e, "failures", {}).values()  # a rank's refusal: its own line
+        refused = next((f[0] for f in failures if isinstance(f[0], AttnlabError)), None)
+        if refused is not None:
+            raise refused from None
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
         raise AttnlabError(f"{folder}: the sharded checkpoint does not load ({reason})") from None

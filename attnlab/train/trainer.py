@@ -40,7 +40,7 @@ from attnlab.device import (
     synchronize,
 )
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import full_disk_in_one_line, remove_stale_temps
+from attnlab.fsutil import check_manifest, full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
 from attnlab.rundir import (
@@ -305,7 +305,10 @@ class Trainer:
                     self.lock.record()
                 elif self.dist.is_main:
                     self._start_run_dir()
-            self._distribute(make_optimizer)
+            self._distribute(make_optimizer)  # a sharded latest/ is read here
+            if resumed is not None and self.dist.is_main:  # read whole: its overrides (e.g.
+                with full_disk_in_one_line(self.run_dir):  # a longer max_iters) are the run's
+                    self._write_run_config()
         except BaseException:  # refused: the folder is free again for the next trainer
             if lock is None:
                 self.lock.release()
@@ -409,6 +412,8 @@ class Trainer:
         # first: its config.json is checked with them (read on every rank, so that every rank
         # refuses what one refuses); a sharded latest/ is read once the model is distributed
         shards = ckpt.shards_of(folder)
+        if shards is not None:  # read_weights checks the others' (shards are read below)
+            check_manifest(folder)
         weights = ckpt.read_weights(folder) if shards is None else None
         # config.json edited to another model (twicing=true, another dropout): the same weights
         # would go on as this run computing something else
@@ -449,8 +454,6 @@ class Trainer:
         self.run_folder.refuse_misshapen(self.cfg.tensorboard and self.dist.is_main)
         if self.run_folder.metrics.is_file():  # a damaged log is refused before anything changes
             read_rows(self.run_folder.metrics)
-        if self.dist.is_main:  # resume overrides (e.g. a longer max_iters) become the run's
-            self._write_run_config()
         self.resume_unrecorded = True
 
     def _restore_rank_stream(self, saved: list[dict[str, Any]] | None, start_iter: int) -> None:

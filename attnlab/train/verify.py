@@ -91,6 +91,8 @@ def verify_model(folder: Path) -> str:
     )
     if has_weights:  # an export of graphs only has none: its files alone were checked
         ckpt.model_with_weights(config, ckpt.read_model_weights(folder, config), str(folder), "cpu")
+    if (folder / ckpt.TRAIN_CONFIG).is_file():  # what a resume reads first
+        ckpt.read_train_config(folder)
     if (folder / ckpt.TRAINER_STATE).is_file():
         ckpt.read_trainer_state(folder)
     weights = "weights loaded" if has_weights else "no PyTorch weights"

@@ -160,8 +160,10 @@ def test_leftover_torchrun_variables_wait_a_bounded_time_and_say_for_what(
     from attnlab.train import distributed
 
     port = _free_port()
+    # under torchrun (its job id set): a peer that never comes is waited for, bounded;
+    # without it the variables are refused at once (test_stale_launch_variables)
     for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", str(port))):  # fmt: skip
+                        ("MASTER_PORT", str(port)), ("TORCHELASTIC_RUN_ID", "job")):  # fmt: skip
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(distributed, "JOIN_TIMEOUT_S", 1)
     before = snapshot(tmp_path)

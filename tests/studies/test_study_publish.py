@@ -79,6 +79,8 @@ def test_publish_copies_everything_but_the_runs_and_keeps_notes(
     # a second publication replaces the first whole, keeping what is not the study's
     (dest / "NOTES.md").write_text("what I noticed")
     (dest / output.FIGURES / "old.png").write_bytes(b"a figure the study no longer draws")
+    with (dest / output.REPORT).open("a") as f:  # as the earlier copy's report showed it
+        f.write(f"![old]({output.figure_link('old.png')})\n")
     p = run_cli("study", str(spec), "--out", str(folder), "--publish", str(dest))
     assert p.returncode == 0, p.stderr
     assert _files(dest) == {**source, "NOTES.md": b"what I noticed"}

@@ -302,7 +302,7 @@ def test_a_torchrun_restart_resumes_the_run_its_job_began(train_tiny, tmp_path, 
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
     run = tmp_path / "run"
-    train_tiny(run, max_iters=2, eval_interval=2)
+    train_tiny(run, until=2, max_iters=4, eval_interval=2, ckpt_interval=2)  # a rank failed
     assert not restarted_run(str(run))  # the first attempt: nothing to restart
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert restarted_run(str(run))

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnlab.commands._common import path_arg, register_all
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_out_path, check_writable
+from attnlab.fsutil import check_out_path, check_writable, refuse_nested
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,6 +65,7 @@ def checked_out(out: str, files: Sequence[str]) -> Path:
     from attnlab.analysis.inputs import is_analysis_folder  # torch
 
     path = Path(out)
+    refuse_nested(path)  # inside a data or model folder: its next replacement deletes it
     if check_out_path(path) and not is_analysis_folder(path):  # its gates.csv may be the user's
         raise AttnlabError(
             f"{path} is not empty and is not an attnlab analysis folder; choose another --out"

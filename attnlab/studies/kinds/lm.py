@@ -19,8 +19,9 @@ import torch
 
 from attnlab.data.prepare import default_data_dir, is_data_folder, load_dataset, shipped_default
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import check_manifest
 from attnlab.presets import get_preset
-from attnlab.rundir import copied_from, copy_run, finished_summary, has_weights
+from attnlab.rundir import BEST, LATEST, copied_from, copy_run, finished_summary, has_weights
 from attnlab.studies import output, provenance
 from attnlab.studies.jobs import (
     Job,
@@ -239,8 +240,10 @@ class LanguageModel:
             found = identical_run(job, candidates)
             if found is None:
                 continue
-            problem = record_problem(found)
-            if problem:  # copied, its summary.json would enter the statistics unchecked
+            # copied, its summary.json would enter the statistics unchecked, and a damaged
+            # model.safetensors would be this study's
+            problem = record_problem(found) or _damaged_checkpoint(found)
+            if problem:
                 raise AttnlabError(
                     f"--reuse-from: {found}: {problem}, so it cannot be copied: restore the "
                     "run's files as it wrote them, or leave out --reuse-from"
@@ -355,6 +358,18 @@ def _converged_again(study: Study, row: dict[str, Any]) -> dict[str, Any]:
     if summary is None or summary.get("final_val_loss") != row.get("val_loss"):
         return row
     return {**row, **output.convergence(folder, row["iters"])}
+
+
+def _damaged_checkpoint(run: Path) -> str | None:
+    """What of ``run``'s latest/ and best/ is not the file its manifest records (every file
+    hashed), None when nothing is."""
+    for name in (LATEST, BEST):
+        if (run / name).is_dir():
+            try:
+                check_manifest(run / name, full=True)
+            except AttnlabError as e:
+                return str(e).partition(";")[0]  # the refusal's own advice is given below
+    return None
 
 
 def _copy_reused(study: Study, jobs: list[Job]) -> None:
