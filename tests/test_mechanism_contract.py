@@ -625,7 +625,7 @@ def test_listings_show_a_registered_mechanism(
     listed = capsys.readouterr().out
     assert re.search(r"^  toy_scale +bool +false +toy: V \* \(1", listed, re.MULTILINE)
     assert (
-        "  twicing + toy-core: twicing and toy-core do not compose (the toy_core SPEC's "
+        "- twicing + toy-core: twicing and toy-core do not compose (the toy_core SPEC's "
         "excludes); turn one off: twicing=False or toy_core=False\n"
     ) in listed
     spec = spec_of("value_gate")

@@ -68,11 +68,12 @@ def field_table() -> list[str]:
 
 
 def incompatibility_lines(mechanisms: ModuleType) -> list[str]:
-    """Lines of `--fields` naming the mechanisms that do not compose, and why (the SPECs')."""
+    """Lines of `--fields` naming the mechanisms that do not compose, and why (the SPECs'); a
+    dash, not the field rows' indent, starts each."""
     lines = ["mechanisms that do not compose (a config turning both on is refused)"]
     for names, why in mechanisms.incompatibilities():
         labels = " + ".join(mechanisms.module(n).SPEC.label for n in names)
-        lines.append(f"  {labels}: {why}")
+        lines.append(f"- {labels}: {why}")
     return [*lines, ""]
 
 
