@@ -56,21 +56,22 @@ def test_a_logged_run_is_not_timed_again(tmp_path: Path, monkeypatch) -> None:
     # a run that trains something else (another batch size, say) is timed instead
     monkeypatch.setattr(lm_plan, "setup_differences", lambda j: ["train.batch_size 8, not 4"])
     asked: list[dict] = []
-    fake_clock(monkeypatch, [1.0, 0.2, 0.3, 0.25], asked)
+    fake_clock(monkeypatch, [0.25, 0.125, 0.375, 0.25], asked)
     assert float(lm_plan.step_seconds(job(run, compile=False))) == 0.25 and len(asked) == 1
 
 
 @pytest.mark.parametrize(
-    ("durations", "timed"),
+    ("durations", "timed", "source"),
     [
         # binary fractions: the fake clock's sums are exact
-        ([2.0, 0.125, 0.25, 0.0625, 8.0], [0.125, 0.25, 0.0625]),  # PLAN_REPS fit the budget
-        ([2.0, 0.25, 0.375, 8.0], [0.25, 0.375]),  # the budget is spent after two
-        ([8.0, 4.0, 8.0], [4.0]),  # one step, however long
+        ([0.25, 0.125, 0.25, 0.0625, 8.0], [0.125, 0.25, 0.0625], "3 timed here after a warm-up"),
+        ([0.25, 0.25, 0.375, 8.0], [0.25, 0.375], "2 timed here after a warm-up"),  # budget spent
+        ([0.25, 4.0, 8.0], [4.0], "1 timed here after a warm-up"),  # one, however long
+        ([2.0, 8.0], [2.0], "1 timed here, the warm-up itself"),  # a slow step: no other
     ],
 )
 def test_fresh_arms_time_a_few_eager_steps(
-    tmp_path: Path, monkeypatch, durations: list[float], timed: list[float]
+    tmp_path: Path, monkeypatch, durations: list[float], timed: list[float], source: str
 ) -> None:
     asked: list[dict] = []
     fake_clock(monkeypatch, durations, asked)
@@ -78,6 +79,6 @@ def test_fresh_arms_time_a_few_eager_steps(
     assert asked == [{"compile": False}]  # compiling one model takes longer than a plan may
     assert (got.low, got.high) == (min(timed), max(timed))
     assert float(got) == statistics.median(timed)
-    assert got.source == f"{len(timed)} timed here after a warm-up, eager: the runs compile"
+    assert got.source == f"{source}, eager: the runs compile"
     assert lm_plan.PLAN_REPS == 3 and lm_plan.PLAN_ARM_SECONDS == 0.5
     assert not list(itertools.islice(tmp_path.iterdir(), 1))  # nothing written

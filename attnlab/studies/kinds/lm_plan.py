@@ -4,9 +4,9 @@ A run's time left is its iterations left plus its evaluations (forward passes, e
 EVAL_STEP_FRACTION of a training step) at its variant's step time: an estimate for the machine
 as it is when planned, which must answer in seconds. The step time is the one the variant's run
 in this study folder logged, where there is one that trains what the plan would (a study being
-resumed); else a few steps of the model timed here after a warm-up, eager even where the runs
-train compiled (compiling one model takes longer than a plan may), with the range of the timed
-steps shown beside it.
+resumed); else a few steps of the model timed here after a warm-up (a step slower than
+PLAN_ARM_SECONDS: the warm-up alone), eager even where the runs train compiled (compiling one
+model takes longer than a plan may), with the range of the timed steps shown beside it.
 """
 
 from __future__ import annotations
@@ -63,23 +63,30 @@ def logged_step(job: Job) -> StepTime | None:
 
 def step_seconds(job: Job) -> StepTime:
     """Seconds of one training step of ``job``'s model: as its run logged it (``logged_step``),
-    else timed here as its runs train it (``job_step``) but eager, after one warm-up step."""
+    else timed here as its runs train it (``job_step``) but eager, after one warm-up step (or
+    the warm-up step itself, where that alone took PLAN_ARM_SECONDS)."""
     logged = logged_step(job)
     if logged is not None:
         return logged
-    compiled = planned(job).train.compile
+    eager = ", eager: the runs compile" if planned(job).train.compile else ""
     with torch.random.fork_rng(devices=[]):
         step, device = job_step(replace(job, train={**job.train, "compile": False}))
         sync = synchronizer(device)
-        step()  # the warm-up
-        times: list[float] = []
-        while len(times) < PLAN_REPS and sum(times) < PLAN_ARM_SECONDS:
+
+        def timed() -> float:
             sync()
             t0 = time.perf_counter()
             step()
             sync()
-            times.append(time.perf_counter() - t0)
-    eager = ", eager: the runs compile" if compiled else ""
+            return time.perf_counter() - t0
+
+        warmup = timed()
+        if warmup >= PLAN_ARM_SECONDS:  # a slow step: its warm-up's share is small, and a plan
+            # of a large model or a loaded machine must still answer in seconds
+            return StepTime([warmup], f"1 timed here, the warm-up itself{eager}")
+        times: list[float] = []
+        while len(times) < PLAN_REPS and sum(times) < PLAN_ARM_SECONDS:
+            times.append(timed())
     return StepTime(times, f"{len(times)} timed here after a warm-up{eager}")
 
 
