@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test test-slow test-all test-ecosystem lint
+.PHONY: demo test test-unit test-slow test-all test-ecosystem test-slurm slurm lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,11 +19,24 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q --durations=10
 
+# the fast unit run: no test that starts a process or trains a model (see docs/testing.md)
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m 'not slow and not integration'
+
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m slow
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m 'slow or not slow'
+
+# Debian's SLURM and munge for tests/studies/test_slurm.py's one-node cluster, installed where missing
+# (apt, as root); the tests start and stop the daemons themselves
+slurm:
+	test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge)
+
+test-slurm: $(STAMP) slurm
+	$(BIN)/python -m pytest -q -m 'slow or not slow' --durations=5 tests/studies/test_slurm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -49,6 +62,6 @@ $(LMEVAL)/.installed: constraints.txt
 test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed
 	ATTNLAB_OPTIMUM_PYTHON=$(CURDIR)/$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
 		ATTNLAB_HF_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
-		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/test_onnx_ecosystem.py \
-		tests/test_hf_ecosystem.py
-	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/test_hf_ecosystem.py
+		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/export/test_onnx_ecosystem.py \
+		tests/export/test_hf_ecosystem.py
+	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/export/test_hf_ecosystem.py

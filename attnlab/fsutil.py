@@ -314,14 +314,22 @@ def refuse_foreign(
     )
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` to write; renamed onto ``path`` when the block ends
+    without an error, removed otherwise, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")  # keeps the suffix writers infer from
     try:
-        tmp.write_text(json.dumps(data, indent=2, default=str))
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # a no-op once renamed
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
 
 
 def disk_full(path: Path) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.fsutil import check_writable
+from attnlab.fsutil import atomic_path, check_writable
 
 SMOKE = "SMOKE TEST (--quick): tiny models, not a measurement"
 # the PNG text entry every figure carries, so that a later run knows the file is attnlab's
@@ -75,7 +75,8 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata={MARK_KEY: MARK})
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, metadata={MARK_KEY: MARK})
     pyplot().close(fig)
     return path
 

@@ -1,13 +1,17 @@
-"""Shared fixtures: a tiny prepared corpus, tiny configs, and a quick trainer."""
+"""Shared fixtures: a tiny prepared corpus, tiny configs, and a quick trainer; and the
+``integration`` marker, given to every test that spawns a process or trains a model."""
 
 from __future__ import annotations
 
+import ast
 import atexit
+import inspect
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -193,3 +197,61 @@ def run_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedP
         env=env,
         **kwargs,
     )
+
+
+# What makes a test an integration test: a process started (the CLI, torchrun), or a model
+# trained (the trainer, a study, or the CLI's main asked to train in this process).
+SUBPROCESS_CALLS = {"run", "Popen", "check_output", "check_call", "call"}
+SPAWNS = {"start_processes", "spawn"}
+TRAINS = {"Trainer", "run_study", "Popen"}
+TRAINING_COMMANDS = {"train", "sft", "demo", "study", "bench"}
+_verdicts: dict[object, bool] = {}
+
+
+def _first_word(call: ast.Call) -> object:
+    """``"train"`` of ``main(["train", ...])`` or ``attnlab("train", ...)``; None otherwise."""
+    first = call.args[0] if call.args else None
+    if isinstance(first, ast.List) and first.elts:
+        first = first.elts[0]
+    return first.value if isinstance(first, ast.Constant) else None
+
+
+def spawns_or_trains(func: Callable) -> bool:
+    """Whether ``func`` (a test, a fixture or a helper of the tests) starts a process or trains
+    a model, itself or through the helpers and fixtures of tests/ that it calls."""
+    code = getattr(func, "__code__", None)
+    if code is None or not code.co_filename.startswith(str(Path(__file__).parent)):
+        return False  # attnlab's own functions and pytest's fixtures: what they do is their own
+    if code not in _verdicts:
+        _verdicts[code] = False  # a helper calling itself back adds nothing
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        except (OSError, TypeError, SyntaxError):
+            return False
+        _verdicts[code] = any(_node_spawns_or_trains(node, func) for node in ast.walk(tree))
+    return _verdicts[code]
+
+
+def _node_spawns_or_trains(node: ast.AST, func: Callable) -> bool:
+    if isinstance(node, ast.Attribute):
+        if node.attr in SPAWNS:  # torch.multiprocessing's ranks
+            return True
+        named = node.value.id if isinstance(node.value, ast.Name) else None
+        return named == "subprocess" and node.attr in SUBPROCESS_CALLS
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id in ("main", "attnlab") and _first_word(node) in TRAINING_COMMANDS
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        helper = func.__globals__.get(node.id)
+        return node.id in TRAINS or (inspect.isfunction(helper) and spawns_or_trains(helper))
+    return False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test that spawns or trains, or uses a fixture that does, as ``integration``:
+    ``pytest -m "not integration"`` is then the fast unit run."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = fixtures.name2fixturedefs.values() if fixtures else ()
+        funcs = [getattr(item, "function", None), *(d.func for ds in defs for d in ds)]
+        if any(f is not None and spawns_or_trains(f) for f in funcs):
+            item.add_marker(pytest.mark.integration)

@@ -6,8 +6,10 @@
 - ``gates``, ``entropy``, ``hull``, ``attention``: statistics of captured attention (Figures 3-6);
 - ``sink``: attention mass on the first token per layer and head (Qiu et al. 2025);
 - ``retrieval``: the synthetic pattern-retrieval task;
+- ``export_size``: a preset's export, format by format, in bytes (fresh weights);
 - ``inputs``: what the attention analyses read (a run, validation windows) and ``write_csv``.
 
-No argparse here: the ``attnlab analyze``, ``eval`` and ``retrieval`` commands live in
-attnlab/commands/.
+The analyses of a study folder's curves (``attnlab analyze curves``, ``reach``) live in
+attnlab.studies (curves, reach): they read studies, which import these modules. No argparse
+here: the ``attnlab analyze``, ``eval`` and ``retrieval`` commands live in attnlab/commands/.
 """

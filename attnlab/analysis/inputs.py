@@ -22,6 +22,7 @@ from tqdm import tqdm
 from attnlab.data.prepare import load_dataset
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.fsutil import atomic_path
 from attnlab.plotting import check_figure_out
 from attnlab.rundir import is_run_folder, run_data_dir
 from attnlab.train.checkpoint import load_pretrained
@@ -201,7 +202,7 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], mark: bool = True) -> 
     if mark and path.name not in analysis_files(path.parent):
         with (path.parent / ANALYSIS_MARK).open("a", encoding="utf-8") as f:
             f.write(f"{path.name}\n")
-    with path.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
         if rows:
             writer.writeheader()

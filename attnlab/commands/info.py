@@ -64,14 +64,19 @@ def load_config(target: str, overrides: list[str]) -> tuple[ModelConfig, str | N
             )
         config, note = folder_config(target)
         return config.replace(**model_over), note
-    if "vocab_size" not in get_preset(target).model and "vocab_size" not in model_over:
+    return preset_config(target, model_over), None
+
+
+def preset_config(name: str, model_over: dict) -> ModelConfig:
+    """The ModelConfig of preset ``name`` with model overrides, a char preset's vocabulary
+    being that of the data it trains on by default (what `train --preset` builds)."""
+    if "vocab_size" not in get_preset(name).model and "vocab_size" not in model_over:
         from attnlab.data.prepare import shipped_char_vocab_size
 
-        # what `train --preset` builds: the vocabulary of the data it trains on by default
         model_over["vocab_size"] = shipped_char_vocab_size(
-            get_preset(target).data.get("corpus", "shakespeare")
+            get_preset(name).data.get("corpus", "shakespeare")
         )
-    return ModelConfig.preset(target, **model_over), None
+    return ModelConfig.preset(name, **model_over)
 
 
 def run(args: argparse.Namespace) -> int:

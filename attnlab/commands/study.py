@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from attnlab.commands._common import path_arg
 from attnlab.errors import AttnlabError
 from attnlab.studies import SCALES, output
 from attnlab.studies.output import StudyDir
+
+if TYPE_CHECKING:
+    from attnlab.studies.executors import SlurmOptions
+
+EXECUTORS = ("local", "slurm")
+# the options that only SLURM takes (--jobs means runs at a time with either executor)
+_SLURM_FLAGS = ["partition", "time", "cpus", "gpus", "retries", "sbatch"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="runs in parallel processes (threads split between them)",
+        help="runs at a time: parallel processes here (threads split between them; default 1), "
+        "or SLURM jobs with --executor slurm (default 16, or the config's jobs)",
     )
     p.add_argument(
         "--data", type=path_arg, help="prepared data folder for every run (default: the study's)"
@@ -63,6 +71,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="STUDY_DIR",
         help="another study folder (repeatable): a run it trained identically (the same "
         "preset, resolved model and training config, data and seed) is copied in, not trained",
+    )
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        help="where the runs train: local (this machine; the default) or slurm (each run a "
+        "SLURM job submitted through submitit, the study folder on storage the nodes share; "
+        "defaults from $ATTNLAB_SLURM_CONFIG or ~/.config/attnlab/slurm.toml)",
+    )
+    slurm = p.add_argument_group("with --executor slurm (each default from the config file)")
+    slurm.add_argument("--partition", help="SLURM partition (default: the cluster's)")
+    slurm.add_argument(
+        "--time",
+        type=int,
+        metavar="MINUTES",
+        help="time limit per run's job (default 60; a run that needs longer is requeued and resumes)",
+    )
+    slurm.add_argument("--cpus", type=int, help="CPUs per run's job (default 1)")
+    slurm.add_argument("--gpus", type=int, help="GPUs per run's job (default 0)")
+    slurm.add_argument(
+        "--retries",
+        type=int,
+        help="submit a job that ended without its result (cancelled, killed, failed) again up to "
+        "this many times, resuming its run from its checkpoint (default 2)",
+    )
+    slurm.add_argument(
+        "--sbatch",
+        action="append",
+        metavar="KEY=VALUE",
+        help="another sbatch option, e.g. --sbatch account=lab --sbatch qos=high (repeatable; "
+        "KEY alone for a flag)",
     )
     p.add_argument(
         "--plan",
@@ -113,8 +151,14 @@ def run(args: argparse.Namespace) -> int:
     publish = args.publish is not None
     if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
-    if args.plan and args.jobs != 1:  # the estimate is of runs one after another
+    if args.plan and args.jobs not in (None, 1):  # the estimate is of runs one after another
         raise AttnlabError("--plan: --jobs does not change the plan; leave it out")
+    if args.executor != "slurm":
+        given = _given(args, _SLURM_FLAGS)
+        if given:
+            raise AttnlabError(f"{given[0]} is an option of --executor slurm; leave it out")
+    if args.plan and args.executor is not None:  # the plan times the runs on this machine
+        raise AttnlabError("--plan times the runs on this machine; leave out --executor")
     if args.report_only or publish:
         given = _given(args, _RUN_FLAGS)
         mode = "--report-only" if args.report_only else "--publish"
@@ -146,11 +190,13 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         _print_plan(spec.name, preset, plan_study(spec, preset, args.out, **chosen))
         return 0
+    slurm = _slurm_options(args) if args.executor == "slurm" else None
     result = run_study(
         spec,
         preset,
         args.out,
-        jobs=args.jobs,
+        jobs=args.jobs if args.jobs is not None else slurm.jobs if slurm else 1,
+        slurm=slurm,
         progress=lambda line: print(line, flush=True),
         command=command,
         **chosen,
@@ -164,7 +210,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 # the options that shape the runs: --report-only, --publish and --list take none of them
-_RUN_FLAGS = ["preset", "seeds", "data", "variants", "allow_mixed_commits", "reuse_from", "jobs"]
+_RUN_FLAGS = [
+    "preset",
+    "seeds",
+    "data",
+    "variants",
+    "allow_mixed_commits",
+    "reuse_from",
+    "jobs",
+    "executor",
+    *_SLURM_FLAGS,
+]
+
+
+def _slurm_options(args: argparse.Namespace) -> SlurmOptions:
+    """The config file's SLURM options under the command line's."""
+    from attnlab.studies.executors import slurm_options
+
+    extra: dict[str, str | bool] | None = None
+    if args.sbatch is not None:
+        extra = {}
+        for given in args.sbatch:
+            key, eq, value = given.partition("=")
+            key = key.strip().removeprefix("--")
+            if not key:
+                raise AttnlabError(f"--sbatch {given!r}: give KEY=VALUE (or KEY for a flag)")
+            extra[key] = value if eq else True
+    given = {k: getattr(args, k) for k in ("jobs", *_SLURM_FLAGS)}
+    return slurm_options({**given, "sbatch": extra})
 
 
 def _given(args: argparse.Namespace, dests: list[str]) -> list[str]:

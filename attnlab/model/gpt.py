@@ -3,7 +3,7 @@
 With every mechanism off and nanoGPT's components (LayerNorm, learned positions, GELU MLP,
 Pre-LN) the modules are created in nanoGPT's order and initialised with its scheme, so under the
 same ``torch.manual_seed`` the state_dict, logits, loss and gradients are bit-identical to
-karpathy/nanoGPT's model.py (tests/test_nanogpt_fixtures.py checks this against its own numbers).
+karpathy/nanoGPT's model.py (tests/model/test_nanogpt_fixtures.py checks this against its own numbers).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ A study folder (``StudyDir``, the ``--out`` of ``attnlab study``) holds::
                    folder: its time runs to its last finished run) and the kind's own results
     report.md      the report; figures/ holds the PNGs it embeds by relative path
     runs/<variant>/seed<s>/   one run folder (attnlab.rundir) per training run
+    slurm/         with ``--executor slurm``: jobs.json (each unit of work's SLURM job, so a
+                   rerun follows the jobs it submitted), results/<job id>.json (what each job
+                   returned) and submitit's scripts and logs; never published
 
 A published copy (``publish``, e.g. under results/) holds all of it but the runs' model
 folders: runs/ there holds each finished run's records (attnlab.rundir.RECORDS), so the copy,
@@ -53,6 +56,9 @@ STUDY_JSON = "study.json"
 REPORT = "report.md"
 FIGURES = "figures"
 RUNS = "runs"
+SLURM = "slurm"  # the SLURM executor's folder (attnlab.studies.executors)
+SLURM_JOBS = "jobs.json"
+SLURM_RESULTS = "results"
 # what a published copy of a study holds (``StudyDir.publish``) besides its runs' records
 PUBLISHED = (REPORT, RESULTS_JSON, RESULTS_CSV, STUDY_JSON, FIGURES)
 # the hand-written notes a results folder keeps: written before the first copy, they are its own
@@ -279,6 +285,41 @@ class StudyDir:
         if check_out_path(dest, "--publish"):
             _refuse_publishing_over(dest, record.get("name"), record.get("preset"))
         return dest
+
+    @property
+    def slurm(self) -> Path:
+        """The folder of the study's SLURM jobs: submitit's files, the records, the results."""
+        return self.path / SLURM
+
+    def job_result(self, job_id: str) -> Path:
+        """Where the SLURM job ``job_id`` writes what its unit of work returned."""
+        return self.slurm / SLURM_RESULTS / f"{job_id}.json"
+
+    def read_jobs(self) -> dict[str, dict[str, Any]]:
+        """The SLURM jobs the study submitted, by unit of work ({} before the first)."""
+        path = self.slurm / SLURM_JOBS
+        try:
+            held = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise AttnlabError(
+                f"cannot read {path}: {e}; restore it (without it the study cannot follow the "
+                "jobs it submitted), or move it away to submit the unfinished runs again"
+            ) from None
+        if not isinstance(held, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("job"), str) for v in held.values()
+        ):
+            raise AttnlabError(
+                f"{path} is not the study's record of its SLURM jobs (a table of jobs); "
+                "restore it, or move it away to submit the unfinished runs again"
+            )
+        return held
+
+    def write_jobs(self, jobs: dict[str, dict[str, Any]]) -> None:
+        """Record the study's SLURM jobs (``read_jobs``)."""
+        (self.slurm / SLURM_RESULTS).mkdir(parents=True, exist_ok=True)
+        write_json(self.slurm / SLURM_JOBS, jobs)
 
     def write_report(self, text: str) -> None:
         tmp = self.path / f"{REPORT}.tmp"

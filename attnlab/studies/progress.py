@@ -13,7 +13,7 @@ class Tracker:
 
     The ETA averages the units actually computed in this invocation (not ones found finished),
     each at its whole length (``whole``: a resumed run's time in all, not only the part trained
-    now), and divides by how many run at a time.
+    now), and divides by how many run at a time (fewer when fewer are left).
     """
 
     def __init__(self, total: int, progress: Progress | None, parallel: int = 1) -> None:
@@ -35,7 +35,8 @@ class Tracker:
         left = self.total - self.finished
         eta = ""
         if left and self.computed:
-            eta = f", ETA {duration(self.seconds / self.computed * left / self.parallel)}"
+            at_once = min(self.parallel, left)
+            eta = f", ETA {duration(self.seconds / self.computed * left / at_once)}"
         took = "finished earlier" if cached else f"{duration(seconds)}"
         self.progress(f"[{self.finished}/{self.total}] {what}: {result} ({took}); {left} left{eta}")
 

@@ -20,6 +20,7 @@ from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
 from attnlab.studies import provenance
+from attnlab.studies.executors import SlurmExecutor, SlurmOptions
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.output import RESULTS_JSON, RUN_FIELDS, STUDY_JSON, StudyDir
@@ -57,6 +58,7 @@ def run_study(
     command: str | None = None,
     allow_mixed_commits: bool = False,
     reuse_from: list[str | Path] | None = None,
+    slurm: SlurmOptions | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
@@ -66,8 +68,9 @@ def run_study(
     or uncommitted diff), counting the ones this invocation trains, are refused before anything
     is written unless ``allow_mixed_commits``. A run another study in ``reuse_from`` trained
     identically (preset, resolved configs, data, seed) is copied in instead of trained; its
-    code state counts as the copy's. Returns results.json's content with study.json's
-    as ``study``.
+    code state counts as the copy's. ``slurm``: each unit of work is a SLURM job, ``jobs``
+    of them at a time (attnlab.studies.executors). Returns results.json's content with
+    study.json's as ``study``.
     """
     study = _prepared(
         spec,
@@ -82,6 +85,8 @@ def run_study(
         allow_mixed_commits,
         reuse_from,
     )
+    if slurm is not None:  # refused before the folder is made where it cannot submit
+        study = replace(study, executor=SlurmExecutor(slurm, study.out, progress))
     # held until the study returns: a second study in this folder is refused
     with study.out.create():
         return study.publish(KINDS[spec.kind].run(study))

@@ -49,22 +49,33 @@ def out_dir(args: Any, files: Sequence[str]) -> Path:
     """--out, checked to be a folder or nothing yet (else RUN/analysis), where the analysis may
     write ``files`` (none of them one it did not write): call it before the analysis runs, so
     that what is in the way is refused at once."""
-    from attnlab.analysis.inputs import (  # torch
-        check_analysis_out,
-        check_not_file,
-        default_analysis_dir,
-        is_analysis_folder,
-    )
+    from attnlab.analysis.inputs import check_not_file, default_analysis_dir  # torch
 
     check_not_file(args.run)  # before its --out: "cannot write FILE/analysis" misled
-    if args.out:
-        out = Path(args.out)
-        if check_out_path(out) and not is_analysis_folder(out):  # its gates.csv may be the user's
-            raise AttnlabError(
-                f"{out} is not empty and is not an attnlab analysis folder; choose another --out"
-            )
-    else:
-        out = default_analysis_dir(args.run)
+    return (
+        checked_out(args.out, files)
+        if args.out
+        else default_out(default_analysis_dir(args.run), files)
+    )
+
+
+def checked_out(out: str, files: Sequence[str]) -> Path:
+    """A given --out, checked to be an analysis folder or empty or nothing yet, where the
+    analysis may write ``files``."""
+    from attnlab.analysis.inputs import is_analysis_folder  # torch
+
+    path = Path(out)
+    if check_out_path(path) and not is_analysis_folder(path):  # its gates.csv may be the user's
+        raise AttnlabError(
+            f"{path} is not empty and is not an attnlab analysis folder; choose another --out"
+        )
+    return default_out(path, files)
+
+
+def default_out(out: Path, files: Sequence[str]) -> Path:
+    """``out``, where the analysis may write ``files`` (none of them one it did not write)."""
+    from attnlab.analysis.inputs import check_analysis_out  # torch
+
     check_analysis_out(out, files)
     check_writable(out)
     return out

@@ -38,7 +38,7 @@ attention, and the mechanisms it does not compose with (``excludes``; two core r
 never compose). Everything else is derived here: which mechanisms a config enables, the bench
 lists (and so the overhead study), the field help, the plain-reference fields, the validation
 of the mechanism fields, and which mechanisms compose (``compatible_sets``: the largest sets
-whose examples are accepted together; ``pairs``). tests/test_mechanism_contract.py checks every
+whose examples are accepted together; ``pairs``). tests/model/test_mechanism_contract.py checks every
 registered mechanism, each ablation variant it derives from a SPEC's fields and choices, every
 compatible pair and each largest compatible set against the contract, that every other pair is
 refused with a message naming both, and that a mechanism added by the documented steps needs

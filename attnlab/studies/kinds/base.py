@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnlab.errors import AttnlabError
+from attnlab.studies.executors import Executor, LocalExecutor, OnDone
 from attnlab.studies.output import StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.spec import StudySpec
@@ -36,7 +37,7 @@ class Study:
     preset: str
     out: StudyDir
     seeds: list[int]
-    jobs: int  # units of work in parallel processes
+    jobs: int  # units of work at a time (processes here, or SLURM jobs)
     data: str | Path | None  # the prepared data folder for every training run (None: the spec's)
     progress: Progress | None
     # rewrites the study folder from an outcome; returns results.json's content and study.json's
@@ -45,6 +46,15 @@ class Study:
     reuse: dict[str, str] = field(default_factory=dict)
     # a --plan: writes nothing, not even a shipped corpus the runs would prepare
     planning: bool = False
+    # where its units of work run (None: here, ``jobs`` at a time)
+    executor: Executor | None = None
+
+    def run_all(
+        self, work: Callable[[Any, int | None], Any], items: list[Any], on_done: OnDone
+    ) -> None:
+        """``work(item, threads)`` for every item on the study's executor, ``on_done(index,
+        result, seconds)`` as each one finishes (attnlab.studies.executors.Executor)."""
+        (self.executor or LocalExecutor(self.jobs)).run(work, items, on_done)
 
 
 class StudyKind(Protocol):

@@ -29,7 +29,6 @@ from attnlab.studies.jobs import (
     planned,
     record_problem,
     refuse_other_setups,
-    run_all,
     time_steps,
     train_one,
 )
@@ -155,7 +154,7 @@ class LanguageModel:
             publish([])
             clocked_jobs = _jobs(study, list(budgets), _budget_iters(budgets))
         queue = [job for job in first_jobs + clocked_jobs if job.run_dir not in done]
-        run_all(train_one, queue, study.jobs, on_done)
+        study.run_all(train_one, queue, on_done)
         analyses = run_analyses(study, runs, analyses)
         extra = {"wallclock": budgets, "reused": reused, "analyses": analyses}
         return _outcome(study, runs, extra, folders, data)
@@ -413,7 +412,7 @@ def wallclock_budget(study: Study, name: str) -> dict[str, Any]:
             "training steps each) for the wall-clock-matched budget"
         )
     timed: list[dict[str, Any]] = []
-    run_all(time_steps, [pace], study.jobs, lambda _i, result, _s: timed.append(result))
+    study.run_all(time_steps, [pace], lambda _i, result, _s: timed.append(result))
     mech_iters = planned(pace.mechanism).train.max_iters
     return {
         "baseline": baseline,

@@ -17,7 +17,7 @@ from typing import Any
 from attnlab.analysis.retrieval import LOSSES, METHODS, PROTOCOLS, check_memory, run_retrieval
 from attnlab.errors import AttnlabError
 from attnlab.model.mechanisms.boost_gates import GATE_KINDS
-from attnlab.studies.jobs import Cell, run_all, score_cell
+from attnlab.studies.jobs import Cell, score_cell
 from attnlab.studies.kinds import retrieval_report
 from attnlab.studies.kinds.base import Outcome, Study, TrainsNoRuns
 from attnlab.studies.progress import Tracker
@@ -140,10 +140,9 @@ class Retrieval(TrainsNoRuns):
                 todo.append(k)
         # study.json is where scored cells live: never rewrite it with fewer than were found
         study.publish(outcome())
-        run_all(
+        study.run_all(
             score_cell,
             [cells[k] for k in todo],
-            study.jobs,
             lambda i, per_seed, seconds: record(todo[i], per_seed, seconds, cached=False),
         )
         return outcome()
