@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from attnlab import commands
 from attnlab.commands._common import path_arg, register_all, silence_stdout
 from attnlab.config import repeated_override
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, reason
 from attnlab.rundir import checkpoint_problem
 
 
@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # one line, whatever a library's text quoted in the message holds (a pickle error's
         # own line break made two)
-        print(f"attnlab {name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        # an empty message is named by its type and the error underneath (errors.reason)
+        message = " ".join(str(e).splitlines()).strip() or reason(e)
+        print(f"attnlab {name}: error: {message}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as e:  # sizes the user asked for, not a bug
         if args.debug or not out_of_memory(e):

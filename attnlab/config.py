@@ -217,11 +217,12 @@ class ModelConfig(_Serialisable):
             raise ConfigError(
                 f"rope_theta={self.rope_theta} needs pos='rope' (pos={self.pos!r} rotates nothing)"
             )
-        for check in MECHANISM_CHECKS:
-            check(self)
         for name, value in self._derived().items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        # after the derivation: a mechanism's rule reads the n_kv_head the model will have
+        for check in MECHANISM_CHECKS:
+            check(self)
 
     def _derived(self) -> dict[str, Any]:
         """What the fields given as None take, from the other fields."""

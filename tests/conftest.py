@@ -63,12 +63,16 @@ def fixed_pace(ratio: float = 1.5, iqr: tuple[float, float] = (1.4, 1.6)):
     return time_steps
 
 
+TINY = dict(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_embd=32, bias=False)
+# the backbone the composed mechanisms run on: the modern one, with GQA
+COMPOSED_ON = {"n_kv_head": 2, "pos": "rope"}
+
+
 def tiny_model(**overrides):
     """A 2-layer, 32-wide model config; vocab comes from the data when trained."""
     from attnlab.config import ModelConfig
 
-    base = dict(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_embd=32, bias=False)
-    return ModelConfig(**{**base, **overrides})
+    return ModelConfig(**{**TINY, **overrides})
 
 
 def mechanism_examples() -> dict[str, dict]:
@@ -78,10 +82,51 @@ def mechanism_examples() -> dict[str, dict]:
     return {name: mechanisms.module(name).SPEC.example for name in mechanisms.REGISTRY}
 
 
-def every_mechanism(**backbone) -> dict:
-    """Every registered mechanism at once (their examples merged), on RoPE with GQA."""
-    merged = {k: v for example in mechanism_examples().values() for k, v in example.items()}
-    return {**merged, "n_kv_head": 2, "pos": "rope", **backbone}
+def composed_label(names: tuple[str, ...]) -> str:
+    """ "all" for the whole registry, else "all-but-" the mechanisms ``names`` leaves out."""
+    from attnlab.model import mechanisms
+
+    left = [n for n in mechanisms.REGISTRY if n not in names]
+    return "all-but-" + "+".join(left) if left else "all"
+
+
+def compatible_sets(**backbone) -> dict[str, dict]:
+    """label -> fields of each largest set of registered mechanisms that compose (their examples
+    merged, on RoPE with GQA and ``backbone``): what every "all mechanisms" test runs, derived
+    from the SPECs (one set, "all", while nothing refuses another)."""
+    from attnlab.model import mechanisms
+
+    on = {**COMPOSED_ON, **backbone}
+    return {
+        composed_label(names): mechanisms.composition(names, **on)
+        for names in mechanisms.compatible_sets(**{**TINY, **on})
+    }
+
+
+def register_toys(monkeypatch: pytest.MonkeyPatch, *toys) -> None:
+    """Register mechanism modules written as a user would (tests/toy_*.py) for one test: each
+    its REGISTRY line, and its switch fields added to ModelConfig as its author adds them (a
+    subclass with the fields, put wherever attnlab and the tests read ModelConfig)."""
+    import dataclasses
+
+    from attnlab import config
+    from attnlab.model import mechanisms
+
+    fields = [
+        (name, type(off).__name__, dataclasses.field(default=off))
+        for toy in toys
+        for name, off in toy.SPEC.switch.items()
+    ]
+    shipped = config.ModelConfig
+    grown = dataclasses.make_dataclass("ModelConfig", fields, bases=(shipped,))
+    for module in list(sys.modules.values()):
+        # the module's own names only: a lazy module's __getattr__ would import on a lookup
+        if getattr(module, "__dict__", {}).get("ModelConfig") is shipped:
+            monkeypatch.setattr(module, "ModelConfig", grown)
+    for toy in toys:
+        monkeypatch.setitem(sys.modules, f"{mechanisms.__name__}.{toy.SPEC.name}", toy)
+    names = tuple(toy.SPEC.name for toy in toys)
+    monkeypatch.setattr(mechanisms, "REGISTRY", (*mechanisms.REGISTRY, *names))
 
 
 def tiny_train(**overrides):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from types import ModuleType
 from typing import Any
 
 from attnlab.config import CHOICES, ModelConfig, TrainConfig
@@ -60,8 +61,20 @@ def field_table() -> list[str]:
             meaning = helps.get(f.name, MISSING_HELP) + (f" ({choices})" if choices else "")
             lines.append(f"  {f.name:<28} {kind:<16} {spell(default):<10} {meaning}")
         lines.append("")
+        if cls is ModelConfig:
+            lines += incompatibility_lines(mechanisms)
     lines.append("Set any of them as key=value (or --key=value) after `attnlab train`.")
     return lines
+
+
+def incompatibility_lines(mechanisms: ModuleType) -> list[str]:
+    """Lines of `--fields` naming the mechanisms that do not compose, and why (the SPECs'); a
+    dash, not the field rows' indent, starts each."""
+    lines = ["mechanisms that do not compose (a config turning both on is refused)"]
+    for names, why in mechanisms.incompatibilities():
+        labels = " + ".join(mechanisms.module(n).SPEC.label for n in names)
+        lines.append(f"- {labels}: {why}")
+    return [*lines, ""]
 
 
 def preset_lines(name: str) -> list[str]:

@@ -279,10 +279,10 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         print(f"{r['variant']:<{width}}  {r['seed']:>4}  {iters:>6}  {state}{mark}")
     if not plan["sec_per_step"]:
         return
-    steps = ", ".join(f"{v} {1000 * s:.0f} ms" for v, s in plan["sec_per_step"].items())
-    print(
-        f"training step timed here ({plan['threads']} threads, median of 3 after a warm-up): {steps}"
-    )
+    print(f"seconds per training step ({plan['threads']} threads here), the median of:")
+    for variant, s in plan["sec_per_step"].items():
+        spread = f"{1000 * s.low:.0f} to {1000 * s.high:.0f} ms, " if s.high > s.low else ""
+        print(f"  {variant:<{width}}  {1000 * s:.0f} ms ({spread}{s.source})")
     left = [r for r in rows if r.get("seconds_left")]
     if not left:
         print("nothing left to train")

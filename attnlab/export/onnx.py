@@ -231,7 +231,7 @@ def attend_node(
     round needs no Reshape, Transpose or Concat around it. A round that needs the weights or
     replaces the attention core (Twicing) keeps the four-dimensional path."""
     cache = ctx.layer_cache
-    if need_weights or self.core_hook is not None or ctx.capture is not None or ctx.mask is None:
+    if need_weights or self.hooks["core"] or ctx.capture is not None or ctx.mask is None:
         return _attend(self, q, k, v, ctx, slot, need_weights)
     if ctx.rope is not None:
         q = rotary_embedding_node(q, *ctx.rope, heads=self.n_head)

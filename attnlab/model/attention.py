@@ -151,6 +151,17 @@ def attention(
     return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa), None
 
 
+def as_given(given: tuple[torch.Tensor, ...], returned: Any) -> tuple[torch.Tensor, ...]:
+    """A hook's tensors back in the dtypes it was given.
+
+    Under autocast a hook mixing in a float32 parameter (``v * (1 + a)``) returns float32, and
+    the next op that insists on one dtype (another mechanism's torch.lerp, SDPA) fails far from
+    the cause. Every hook's output is cast back where it is called; the cast is free when the
+    dtype already matches.
+    """
+    return tuple(r.to(g.dtype) for g, r in zip(given, returned, strict=True))
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-query) causal self-attention with a fused QKV projection."""
 
@@ -163,8 +174,9 @@ class CausalSelfAttention(nn.Module):
         self.qkv_sizes = [config.n_embd, config.kv_dim, config.kv_dim]
         self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        # the parts live once, under their own names (attach sets them): a second attribute
+        # holding one would register its parameters twice (two state_dict keys, one tensor)
         self.hooks = attach(self, config, "attn")
-        self.core_hook = self.hooks["core"][0] if self.hooks["core"] else None
         self.need_round0_weights = any(
             getattr(p, "needs_weights", False) for p in self.hooks["rounds"]
         )
@@ -193,8 +205,10 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.extend(f"{slot}.k", k), cache.extend(f"{slot}.v", v)
         need_weights = need_weights or ctx.capture is not None
         dropout_p = self.dropout if self.training else 0.0
-        if self.core_hook is not None:
-            y, w = self.core_hook.core(q, k, v, ctx, slot, dropout_p, need_weights)
+        core = self.hooks["core"]
+        if core:
+            y, w = core[0].core(q, k, v, ctx, slot, dropout_p, need_weights)
+            y = y.to(q.dtype)  # see as_given
         else:
             y, w = attention(q, k, v, dropout_p, need_weights, ctx.mask)
         if ctx.capture is not None:
@@ -210,12 +224,12 @@ class CausalSelfAttention(nn.Module):
         m = self._modules  # m["c_attn"] is self.c_attn without a failed lookup first (layers.py)
         q, k, v = m["c_attn"](x).split_with_sizes(self.qkv_sizes, dim=2)
         for part in self.hooks["qkv"]:
-            q, k, v = part.adjust_qkv(x, q, k, v, ctx)
+            q, k, v = as_given((q, k, v), part.adjust_qkv(x, q, k, v, ctx))
         y, w0 = self.attend(q, k, v, ctx, "r0", self.need_round0_weights)
         for part in self.hooks["rounds"]:
-            y = part.add_rounds(x, y, w0, self, ctx)
+            y = part.add_rounds(x, y, w0, self, ctx).to(y.dtype)
         for part in self.hooks["output"]:
-            y = part.adjust_output(x, y, ctx)
+            y = part.adjust_output(x, y, ctx).to(y.dtype)
         y = m["c_proj"](y)
         # dropout is the identity in eval mode: not calling it saves a dispatch per decoded token
         return self.resid_dropout(y) if self.training else y

@@ -46,7 +46,8 @@ class Block(nn.Module):
         """Run the block-level hooks on the FFN input h: injections read the state, then it updates."""
         updated = h
         for part in self.hooks["mlp_input"]:
-            updated = part.adjust_mlp_input(updated, ctx)
+            # back in the dtype it was given, as every attention hook's (attention.as_given)
+            updated = part.adjust_mlp_input(updated, ctx).to(updated.dtype)
         for part in self.hooks["state"]:
             part.update_state(h, ctx)
         return updated

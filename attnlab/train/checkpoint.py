@@ -30,6 +30,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from attnlab import errors
 from attnlab.config import ModelConfig, TrainConfig
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.errors import AttnlabError
@@ -207,10 +208,10 @@ def save_checkpoint(
             raise AttnlabError(no_space_message(folder)) from e
         if not isinstance(e, OSError | RuntimeError):
             raise
-        lines = str(e).splitlines() or [type(e).__name__]
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else lines[0]
+        # never blank: safetensors' refusal of shared tensors starts with a line break
+        why = e.strerror if isinstance(e, OSError) and e.strerror else errors.reason(e)
         raise AttnlabError(
-            f"could not write checkpoint {folder} ({reason}); the previous checkpoint is intact"
+            f"could not write checkpoint {folder} ({why}); the previous checkpoint is intact"
         ) from e
     return folder
 

@@ -39,7 +39,7 @@ from attnlab.device import (
     resolve_device,
     synchronize,
 )
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, reason
 from attnlab.fsutil import check_manifest, full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
@@ -442,9 +442,8 @@ class Trainer:
             self._restore_rank_stream(saved.get("rank_rng"), saved["state"]["iter"])
             self.state = TrainState(**saved["state"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
-            reason = (str(e).splitlines() or [type(e).__name__])[0]
             raise AttnlabError(
-                f"{folder / ckpt.TRAINER_STATE} does not fit this run ({reason})"
+                f"{folder / ckpt.TRAINER_STATE} does not fit this run ({reason(e)})"
             ) from None
         if self.state.iter > self.cfg.max_iters:  # config.json would say fewer than were run
             raise AttnlabError(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import every_mechanism, mechanism_examples, tiny_model
+from conftest import compatible_sets, mechanism_examples, tiny_model
 from test_bad_input import command_name, error_line
 
 from attnlab import from_pretrained
@@ -26,8 +26,10 @@ from attnlab.fsutil import MANIFEST
 from attnlab.model import GPT
 from attnlab.train.checkpoint import save_checkpoint
 
-# every registered mechanism at once, on the QKVE backbone (GQA, RoPE, RMSNorm, deep SwiGLU)
-ALL_MECHANISMS = every_mechanism(norm="rmsnorm", mlp="swiglu", ffn_sublayers=2, bias=True)
+# every registered mechanism at once, on the QKVE backbone (GQA, RoPE, RMSNorm, deep SwiGLU):
+# label -> fields of each largest set that composes ({"all": ...} while nothing refuses another)
+ALL_MECHANISMS = compatible_sets(norm="rmsnorm", mlp="swiglu", ffn_sublayers=2, bias=True)
+COMPOSED = next(iter(ALL_MECHANISMS))  # the largest set, where one model stands for them all
 # a plain model, each registered mechanism alone (its SPEC example), and the paper variants
 # whose graphs differ most (an MLP-gated boosted model with biases)
 CONFIGS = {
@@ -113,11 +115,11 @@ def check_onnx_parity(model: GPT, folder: Path) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[GPT, Path]:
-    """The all-mechanisms model saved as a checkpoint and exported in every format."""
+@pytest.fixture(scope="module", params=list(ALL_MECHANISMS))
+def exported(tmp_path_factory: pytest.TempPathFactory, request) -> tuple[GPT, Path]:
+    """Each all-mechanisms model saved as a checkpoint and exported in every format."""
     root = tmp_path_factory.mktemp("export")
-    model = make_model(**ALL_MECHANISMS)
+    model = make_model(**ALL_MECHANISMS[request.param])
     save_checkpoint(root / "ckpt", model, chat_tokenizer())
     export(root / "ckpt", root / "out")
     return model, root / "out"

@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_export import ALL_MECHANISMS, CONFIGS, chat_tokenizer, make_model, torch_logits
+from test_export import (
+    ALL_MECHANISMS,
+    COMPOSED,
+    CONFIGS,
+    chat_tokenizer,
+    make_model,
+    torch_logits,
+)
 
 from attnlab import from_pretrained
 from attnlab.data.chat import format_chatml
@@ -26,7 +33,7 @@ pytest.importorskip("transformers")
 
 MODELS = {
     **CONFIGS,
-    "all": ALL_MECHANISMS,
+    **ALL_MECHANISMS,
     "llama": dict(n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu"),
     "gpt2-tanh": dict(bias=True, mlp="gelu_tanh", tie_embeddings=False),
 }
@@ -92,7 +99,7 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
     models = {name: make_model(**overrides) for name, overrides in MODELS.items()}
     for name, model in models.items():
         export_model(model, None, root / name, ["safetensors"])
-    models["chat"] = make_model(**ALL_MECHANISMS)
+    models["chat"] = make_model(**ALL_MECHANISMS[COMPOSED])
     export_model(models["chat"], chat_tokenizer(), root / "chat", ["safetensors"])
     x = torch.randint(0, 64, (3, 17), generator=torch.Generator().manual_seed(5))
     np.save(root / "x.npy", x.numpy())
@@ -162,7 +169,7 @@ def test_transformers_tokenizer_chat_template_and_pipeline(hf_run) -> None:
 def test_remote_code_embeds_current_attnlab_source(hf_run) -> None:
     """The modeling file carries attnlab's model code verbatim: it cannot drift from it."""
     root = hf_run[2]
-    tree = ast.parse((root / "all" / MODELING).read_text())
+    tree = ast.parse((root / COMPOSED / MODELING).read_text())
     assigned = next(
         node.value
         for node in tree.body

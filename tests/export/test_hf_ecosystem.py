@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
-from test_export import ALL_MECHANISMS
+from test_export import ALL_MECHANISMS, COMPOSED
 
 from attnlab.data.tokenizer import Tokenizer
 from attnlab.export import export_model
@@ -40,7 +40,11 @@ LLAMA = dict(n_kv_head=2, pos="rope", norm="rmsnorm", mlp="swiglu")
 EXPORTS = {
     "gpt2": ({}, "char"),
     "llama": (LLAMA, "bytebpe"),
-    "remote": (ALL_MECHANISMS, "char"),
+    # remote code: each largest set of mechanisms that composes ("remote": the largest)
+    **{
+        "remote" if label == COMPOSED else f"remote-{label}": (fields, "char")
+        for label, fields in ALL_MECHANISMS.items()
+    },
     "zero-rows-win": ({"bias": True, "tie_embeddings": False}, "char"),
 }
 HF_SCRIPT = r"""
@@ -121,7 +125,7 @@ for name, folder in job["folders"].items():
         grads = {n for n, p in lora.named_parameters() if p.grad is not None and p.grad.any()}
         r["peft"] = [same, bool(grads), all("lora_" in n for n in grads)]
         model = lora.unload().eval().requires_grad_(True)  # the base as it was, unfrozen
-    if name != "remote":
+    if not name.startswith("remote"):
         continue
     x = torch.tensor([r["ids"]])
     with torch.no_grad():
@@ -271,9 +275,9 @@ def test_batched_pipeline_text_equals_attnlab_greedy(exports, name: str) -> None
 
 @pytest.mark.parametrize("name", sorted(EXPORTS))
 def test_sequence_classification_scores_the_last_real_token(exports, name: str) -> None:
-    classes = {"gpt2": "GPT2", "llama": "Llama", "remote": "Attnlab", "zero-rows-win": "GPT2"}
+    classes = {"gpt2": "GPT2", "llama": "Llama", "zero-rows-win": "GPT2"}  # else remote code
     cls, diff = exports[1][name]["classifier"]
-    assert cls == f"{classes[name]}ForSequenceClassification"
+    assert cls == f"{classes.get(name, 'Attnlab')}ForSequenceClassification"
     assert diff < 1e-5
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tokenizers
 import torch
-from conftest import every_mechanism, mechanism_examples
+from conftest import compatible_sets, mechanism_examples
 from test_hf_ecosystem import LLAMA, TEXT, byte_tokenizer, char_tokenizer, fitted_model
 
 from attnlab.data.tokenizer import UNK, Tokenizer
@@ -38,7 +38,7 @@ from attnlab.export.onnx import (
 PROMPT = "The quick"
 NEW_TOKENS = 8
 # every registered mechanism alone (its SPEC's example) and all of them together, on GQA
-MECHANISMS = {**mechanism_examples(), "all": every_mechanism()}
+MECHANISMS = {**mechanism_examples(), **compatible_sets()}
 # name -> (model overrides, tokenizer kind): a plain cache, GQA, and a packed cache
 EXPORTS = {
     "gpt2": ({}, "char"),

@@ -1,5 +1,5 @@
 """The mechanism contract, checked over the registry: every mechanism alone, each of its
-ablation variants, every pair, and all of them at once.
+ablation variants, every pair that composes, and each largest set of them that composes.
 
 Each mechanism module declares a ``SPEC`` (attnlab.model.mechanisms.Mechanism); these tests hold
 every SPEC to what it claims: its example config turns it (and only it) on, every field it owns
@@ -7,16 +7,21 @@ has one line of help, the config survives a JSON round trip, its choices and rul
 fields with one-line ConfigErrors, cached decoding equals the full forward, a left-padded batch
 gives each row its logits alone, the TorchScript and ONNX exports give PyTorch's logits,
 transformers' remote code gives its logits and greedy tokens, torch.compile decodes without
-recompiling, a zero gate (where the mechanism has one) is exactly plain attention, and the
-bench variants and parameter claims are true.
+recompiling, a zero gate (where the mechanism has one) is exactly plain attention, it trains
+under bf16 autocast, its parameters are stored once, and the bench variants and parameter
+claims are true.
 
 The cases are derived from the SPECs, never listed: a mechanism alone (its example), its
 ablation variants (each other field it owns at each value it may take: every choice, the other
-truth value of a bool, and its bench variants), every pair of mechanisms, and all together.
+truth value of a bool, and its bench variants), every pair of mechanisms that composes (every
+other pair must be refused, naming both), and each largest set that composes (the registry
+derives them: "all" while nothing refuses another).
 The default suite runs every check on every mechanism alone (the ONNX, compile and transformers
 checks are slow) and one representative variant and pair; the rest is marked slow.
 
-A toy mechanism registered from one file (tests/toy_mechanism.py) passes the same checks, and
+Two toy mechanisms written as an author would (tests/toy_mechanism.py, a value scale with a
+float32 parameter; tests/toy_core.py, an attention core with parameters on a depth schedule
+that excludes twicing) pass the same checks, and
 ``test_the_readme_recipe_needs_no_fourth_place`` adds a mechanism to a copy of the package with
 exactly the steps of docs/adding-a-mechanism.md and runs every listing and registry-derived test on it.
 """
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import re
 import shutil
@@ -40,8 +44,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import toy_core
 import toy_mechanism
-from conftest import ROOT, every_mechanism, tiny_model
+from conftest import COMPOSED_ON, ROOT, TINY, composed_label, register_toys, tiny_model
 
 from attnlab import GPT
 from attnlab.cli import main
@@ -54,7 +59,7 @@ from attnlab.model import mechanisms
 from attnlab.model.generation import compile_for_decoding
 from attnlab.model.mechanisms import REGISTRY, Mechanism
 
-ALL = "all"
+TOYS = (toy_mechanism, toy_core)
 
 
 @dataclass(frozen=True)
@@ -71,10 +76,17 @@ def spec_of(name: str) -> Mechanism:
 
 
 def alone(name: str) -> Case:
-    """The mechanism's example; ALL composes every registered example (on RoPE with GQA)."""
-    if name != ALL:
-        return Case(name, spec_of(name).example, (name,))
-    return Case(ALL, every_mechanism(), tuple(mechanisms.REGISTRY))
+    """The mechanism's example."""
+    return Case(name, spec_of(name).example, (name,))
+
+
+def composed() -> list[Case]:
+    """Each largest set of registered mechanisms that composes, their examples merged on RoPE
+    with GQA ("all" while nothing refuses another)."""
+    return [
+        Case(composed_label(names), mechanisms.composition(names, **COMPOSED_ON), names)
+        for names in mechanisms.compatible_sets(**{**TINY, **COMPOSED_ON})
+    ]
 
 
 def ablation_variants(name: str) -> list[Case]:
@@ -96,11 +108,19 @@ def ablation_variants(name: str) -> list[Case]:
 
 
 def pair(a: str, b: str) -> Case:
-    return Case(f"{a}+{b}", {**spec_of(a).example, **spec_of(b).example}, (a, b))
+    return Case(f"{a}+{b}", mechanisms.composition((a, b)), (a, b))
+
+
+def pairs(composes: bool) -> list:
+    """The pairs of registered mechanisms that compose (Cases), or those that do not (with why)."""
+    found = mechanisms.pairs(**TINY)
+    if composes:
+        return [pair(a, b) for (a, b), why in found.items() if why is None]
+    return [(a, b, why) for (a, b), why in found.items() if why is not None]
 
 
 VARIANTS = [case for name in REGISTRY for case in ablation_variants(name)]
-PAIRS = [pair(a, b) for a, b in itertools.combinations(REGISTRY, 2)]
+PAIRS = pairs(composes=True)
 
 
 def base_of(name: str) -> ModelConfig:
@@ -180,7 +200,8 @@ def check_zero_gate(name: str) -> None:
     zero = spec_of(name).zero_gate
     if zero is None:
         pytest.skip(f"{name} defines no zero gate")
-    model = build(tiny_model(**spec_of(name).example, **zero))
+    # merged: a zero gate may name a field the example sets too (its switch)
+    model = build(tiny_model(**{**spec_of(name).example, **zero}))
     with unregistered(name):
         plain = build(base_of(name), seed=1)
     missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
@@ -245,27 +266,39 @@ def refused(**overrides: Any) -> str:
     return str(err.value)
 
 
+def accepted(**fields: Any) -> ModelConfig:
+    """The config of ``fields``; a refusal fails the contract with its message."""
+    try:
+        return tiny_model(**fields)
+    except ConfigError as e:
+        raise AssertionError(f"{fields} is refused: {e}") from None
+
+
 def check_validation(name: str) -> None:
-    """The SPEC's choices and rules name its own fields (a rule may also read another
-    mechanism's switch); a value outside a choice and each rule's example are refused on
-    construction with their one-line messages; the example config is accepted."""
+    """The SPEC's choices name its own fields and its rules read config fields (at least one
+    of its own); a value outside a choice and each rule's example are refused on construction
+    with their one-line messages; the example config is accepted, and the mechanisms it
+    excludes are registered ones."""
     spec = spec_of(name)
-    tiny_model(**spec.example)
-    assert set(spec.choices) <= set(spec.fields)
+    accepted(**spec.example)
+    assert set(spec.excludes) <= set(REGISTRY) - {name}, f"{name}: excludes {spec.excludes}"
+    assert set(spec.choices) <= set(spec.fields), f"{name}: choices of fields it does not own"
     for field, allowed in spec.choices.items():
         bad = f"not-a-{field}"
-        assert refused(**spec.example, **{field: bad}) == (
+        assert refused(**{**spec.example, field: bad}) == (
             f"{field}={bad!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
         )
         for value in allowed:
-            tiny_model(**{**spec.example, field: value})
+            accepted(**{**spec.example, field: value})
     defaults = ModelConfig().to_dict()
     for rule in spec.rules:
-        assert set(rule.reads) & set(spec.fields)
-        assert set(rule.reads) <= set(spec.fields) | set(mechanisms.plain_fields())
+        assert set(rule.reads) & set(spec.fields), f"{name}: a rule reads none of its fields"
+        unknown = set(rule.reads) - set(defaults)
+        assert not unknown, f"{name}: a rule reads {sorted(unknown)}, not config fields"
         config = Reads(**{**defaults, **rule.example})
-        assert rule.refuses(config) and config.names <= set(rule.reads)
-        assert not rule.refuses(Reads(**defaults))
+        assert rule.refuses(config), f"{name}: a rule accepts its own example {rule.example}"
+        assert config.names <= set(rule.reads), f"{name}: a rule reads {config.names} unnamed"
+        assert not rule.refuses(Reads(**defaults)), f"{name}: a rule refuses the default config"
         values = {f: getattr(config, f) for f in rule.reads}
         assert refused(**rule.example) == rule.message.format(**values)
 
@@ -320,6 +353,36 @@ def check_onnx_parity(case: Case) -> None:
     torch.testing.assert_close(torch.cat(steps, dim=1), ref, atol=1e-5, rtol=0)
 
 
+def check_bf16_autocast(case: Case) -> None:
+    """A forward and backward under CPU bf16 autocast: a loss near float32's, finite gradients
+    (a hook returning another dtype than it was given broke the next mechanism here)."""
+    config = tiny_model(**case.fields)
+    idx = torch.randint(0, 96, (2, 17), generator=torch.Generator().manual_seed(4))
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    losses = []
+    for dtype in (None, torch.bfloat16):
+        model = build(config).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            _, loss = model(x, y)
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(bool(torch.isfinite(g).all()) for g in grads), f"{case.id}: grads"
+        losses.append(float(loss.detach()))
+    assert losses[1] == pytest.approx(losses[0], rel=0.02), f"{case.id}: bf16 loss {losses}"
+
+
+def check_parameters_once(case: Case) -> None:
+    """Every tensor of the state_dict under one key (the tied embedding apart): a part stored
+    under a second attribute is saved twice, and safetensors refuses shared tensors."""
+    model = build(tiny_model(**case.fields))
+    keys: dict[int, list[str]] = {}
+    for key, tensor in model.state_dict().items():
+        keys.setdefault(tensor.data_ptr(), []).append(key)
+    shared = [k for k in keys.values() if len(k) > 1]
+    tied = [["transformer.wte.weight", "lm_head.weight"]]
+    assert shared == tied, f"{case.id}: one tensor under several keys: {shared}"
+
+
 def check_no_recompiles(case: Case) -> None:
     """Compiled decoding equals eager decoding, and after the warm-up nothing recompiles."""
     from torch._dynamo.utils import counters
@@ -338,6 +401,8 @@ def check_no_recompiles(case: Case) -> None:
 SPEC_CHECKS = [check_spec, check_validation, check_zero_gate]
 COMPOSABLE = [
     check_config_round_trip,
+    check_parameters_once,
+    check_bf16_autocast,
     check_cached_decoding,
     check_left_padding,
     check_torchscript_parity,
@@ -345,7 +410,8 @@ COMPOSABLE = [
     check_no_recompiles,
 ]
 SLOW = {check_onnx_parity, check_no_recompiles}
-CHEAP = {check_config_round_trip}  # milliseconds: on every variant and pair by default
+# milliseconds: on every variant and pair by default
+CHEAP = {check_config_round_trip, check_parameters_once, check_bf16_autocast}
 # what the default suite also runs on one representative variant and pair
 REPRESENTATIVE = {check_cached_decoding, check_left_padding}
 
@@ -394,9 +460,19 @@ def test_every_pair(case: Case, check) -> None:
     check(case)
 
 
+@pytest.mark.parametrize("case", composed(), ids=lambda c: c.id)
 @pytest.mark.parametrize("check", cases(COMPOSABLE))
-def test_all_mechanisms_composed(check) -> None:
-    check(alone(ALL))
+def test_all_mechanisms_composed(check, case: Case) -> None:
+    check(case)
+
+
+def assert_refused_pairs_named() -> None:
+    """Every pair of registered mechanisms that does not compose is refused with a message
+    naming both (by name, label or a field of theirs)."""
+    for a, b, why in pairs(composes=False):
+        for name in (a, b):
+            spec = spec_of(name)
+            assert any(word in why for word in (name, spec.label, *spec.fields)), (a, b, why)
 
 
 def test_variants_cover_every_choice() -> None:
@@ -407,7 +483,8 @@ def test_variants_cover_every_choice() -> None:
         for field, allowed in spec.choices.items():
             default = getattr(ModelConfig(), field)
             assert {(field, v) for v in allowed if v != default} <= reached, field
-    assert len(PAIRS) == len(REGISTRY) * (len(REGISTRY) - 1) // 2
+    assert len(PAIRS) + len(pairs(composes=False)) == len(REGISTRY) * (len(REGISTRY) - 1) // 2
+    assert_refused_pairs_named()
 
 
 @pytest.mark.slow
@@ -421,11 +498,11 @@ def test_transformers_remote_code_over_the_registry(tmp_path: Path) -> None:
 
     from attnlab.export import export_model
 
-    found = [alone(n) for n in REGISTRY] + VARIANTS + PAIRS + [alone(ALL)]
+    found = [alone(n) for n in REGISTRY] + VARIANTS + PAIRS + composed()
     models = {case.id: lively(case) for case in found}
     for name, model in models.items():
         export_model(model, None, tmp_path / name, ["safetensors"])
-    export_model(models[ALL], chat_tokenizer(), tmp_path / "chat", ["safetensors"])
+    export_model(models[composed()[0].id], chat_tokenizer(), tmp_path / "chat", ["safetensors"])
     x = torch.randint(0, 96, (3, 17), generator=torch.Generator().manual_seed(5))
     np.save(tmp_path / "x.npy", x.numpy())
     job = {
@@ -496,26 +573,61 @@ def test_attention_passes_multiply() -> None:
 
 
 @pytest.fixture
-def with_toy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/toy_mechanism.py registered with one line."""
-    monkeypatch.setitem(sys.modules, f"{mechanisms.__name__}.toy", toy_mechanism)
-    monkeypatch.setattr(mechanisms, "REGISTRY", (*mechanisms.REGISTRY, "toy"))
+def with_toys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy mechanisms registered as their author would: a REGISTRY line and a field each."""
+    register_toys(monkeypatch, *TOYS)
 
 
+@pytest.mark.parametrize("toy", [t.SPEC.name for t in TOYS])
 @pytest.mark.parametrize("check", cases(SPEC_CHECKS + COMPOSABLE))
-def test_a_toy_mechanism_from_one_file_passes(with_toy, check) -> None:
-    run_check(check, "toy")
-    if check in COMPOSABLE:
-        check(alone(ALL))  # and composed with every real mechanism
+def test_a_toy_mechanism_from_one_file_passes(with_toys, check, toy: str) -> None:
+    run_check(check, toy)
+    if check in COMPOSABLE:  # and composed with the real mechanisms, in each set it joins
+        for case in composed():
+            if toy in case.enabled:
+                check(case)
+
+
+def test_toys_compose_as_declared(with_toys) -> None:
+    """The toy core excludes twicing: the registry derives two largest sets (each without one
+    of them), every other pair composes, and the refusal names both and the way out."""
+    assert [c.id for c in composed()] == ["all-but-toy_core", "all-but-twicing"]
+    assert [(a, b) for a, b, _ in pairs(composes=False)] == [("twicing", "toy_core")]
+    assert refused(twicing=True, toy_core=True) == (
+        "twicing and toy-core do not compose (the toy_core SPEC's excludes); turn one off: "
+        "twicing=False or toy_core=False"
+    )
+    assert_refused_pairs_named()
+
+
+def test_two_core_replacements_are_exclusive_by_default(
+    with_toys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without its declaration the toy core still never composes with twicing: both replace
+    the attention core, and the refusal says so, naming both and the way out."""
+    spec = spec_of("toy_core")
+    monkeypatch.setattr(toy_core, "SPEC", dataclasses.replace(spec, excludes=()))
+    assert refused(twicing=True, toy_core=True) == (
+        "twicing and toy-core both replace the attention core and do not compose; turn one "
+        "off: twicing=False or toy_core=False"
+    )
 
 
 def test_listings_show_a_registered_mechanism(
-    with_toy, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    with_toys, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """The CLI's listings come from the registry: info counts the toy's part, and the field help
-    is the SPECs' (a field whose help is missing is listed as such, not a KeyError traceback)."""
-    assert main(["info", "shakespeare-char", "n_layer=2"]) == 0
+    """The CLI's listings come from the registry: info counts the toy's part, the field help
+    is the SPECs' (a field whose help is missing is listed as such, not a KeyError traceback),
+    and the combinations that do not compose are listed with why."""
+    assert main(["info", "shakespeare-char", "n_layer=2", "toy_scale=true"]) == 0
     assert re.search(r"attn\.value_scale\s+256\b", capsys.readouterr().out)  # 2 x kv_dim 128
+    assert main(["presets", "--fields"]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(r"^  toy_scale +bool +false +toy: V \* \(1", listed, re.MULTILINE)
+    assert (
+        "- twicing + toy-core: twicing and toy-core do not compose (the toy_core SPEC's "
+        "excludes); turn one off: twicing=False or toy_core=False\n"
+    ) in listed
     spec = spec_of("value_gate")
     dropped = dataclasses.replace(spec, help={"value_gate": spec.help["value_gate"]})
     monkeypatch.setattr(mechanisms.module("value_gate"), "SPEC", dropped)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
-from test_mechanism_contract import ALL as COMPOSED
-from test_mechanism_contract import alone, assert_cache_exact
+from conftest import compatible_sets, tiny_model
+from test_mechanism_contract import assert_cache_exact
 
 from attnlab import GPT
 from attnlab.errors import AttnlabError
@@ -26,7 +25,7 @@ CONFIGS = {
     },
     "post-ln": {"norm_placement": "post"},
 }
-ALL = alone(COMPOSED).fields  # every registered mechanism at once
+COMPOSED = compatible_sets()  # every registered mechanism at once (each set that composes)
 
 
 def build(seed: int = 0, **overrides) -> GPT:
@@ -103,9 +102,10 @@ def test_decoding_honours_hooks_replaced_submodules_and_parametrized_weights(nam
     assert torch.equal(logits, reference(tokens, all_logits=True)[0])
 
 
-def test_hook_tables_are_fixed_dicts() -> None:
+@pytest.mark.parametrize("composed", list(COMPOSED))
+def test_hook_tables_are_fixed_dicts(composed: str) -> None:
     """Reading a hook list must not add keys: torch.compile guards on the table's length."""
-    model = build(**ALL)
+    model = build(**COMPOSED[composed])
     for owner in [*model.transformer.h, *(b.attn for b in model.transformer.h)]:
         assert type(owner.hooks) is dict and tuple(owner.hooks) == HOOKS
     model(torch.zeros(1, 4, dtype=torch.long))

@@ -18,9 +18,9 @@ def test_padding_mask_is_causal_without_padding_keys() -> None:
     assert padding_mask(torch.tensor([[0, 1]]), 2)[0, 0].tolist() == [[True, False], [False, True]]
 
 
-@pytest.mark.parametrize("name", [*sorted(CONFIGS), "all"])
+@pytest.mark.parametrize("name", [*sorted(CONFIGS), *ALL_MECHANISMS])
 def test_left_padded_rows_match_unpadded(name: str) -> None:
-    model = make_model(**(ALL_MECHANISMS if name == "all" else CONFIGS[name]))
+    model = make_model(**{**CONFIGS, **ALL_MECHANISMS}[name])
     gen = torch.Generator().manual_seed(3)
     short, long = (
         torch.randint(1, 64, (1, 5), generator=gen),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from attnlab.config import CHOICES, ROPE_THETA, ModelConfig
 from attnlab.data.bins import BatchSampler
 from attnlab.data.tokenizer import Tokenizer
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.model import mechanisms
 from attnlab.model.generation import filter_logits
 from attnlab.model.mechanisms import choices
@@ -74,8 +74,11 @@ def valid_model_configs(draw) -> dict:
         tie_embeddings=draw(st.booleans()),
         **draw(mechanism_fields()),
     )  # fmt: skip
-    config = SimpleNamespace(**{**DEFAULTS, **kwargs})  # a combination a SPEC refuses: not drawn
-    assume(not any(rule.refuses(config) for spec in mechanisms.specs() for rule in spec.rules))
+    # a combination the SPECs refuse (a rule, or mechanisms that do not compose): not drawn
+    try:
+        mechanisms.validate(SimpleNamespace(**{**DEFAULTS, **kwargs}))
+    except ConfigError:
+        assume(False)
     return kwargs
 
 

@@ -18,9 +18,13 @@ mlp_input  adjust_mlp_input(h, ctx) -> h                        K/V-bias ablatio
 =========  ===================================================  ==============================
 
 Every attention hook sees x, so a gate computed from the layer's input is one part with one
-hook; ``ctx.state`` is for signals that cross layers (K/V-bias's M). ``ctx.record`` logs a
-statistic when the trainer asks for them; ``ctx.keep(name + ".gate", g)`` hands a gate to
-``attnlab analyze gates`` (the SPEC's ``gates`` names them).
+hook; ``ctx.state`` is for signals that cross layers (K/V-bias's M); ``ctx.layer`` is the
+block's index (0 first), for a depth schedule; ``ctx.layer_cache`` is the layer's KV cache when
+decoding (None otherwise). ``ctx.record`` logs a statistic when the trainer asks for them;
+``ctx.keep(name + ".gate", g)`` hands a gate to ``attnlab analyze gates`` (the SPEC's
+``gates`` names them). What a hook returns is cast back to the dtype it was given (so a
+float32 parameter does not leak float32 into the next mechanism under autocast).
+docs/adding-a-mechanism.md is the author's guide, with a worked example.
 
 A part may also define ``init_weights()`` (called after the nanoGPT init) and expose
 ``needs_weights = True`` (a rounds part that needs round-0 attention weights).
@@ -29,13 +33,16 @@ Besides ``parts``, a mechanism module declares ``SPEC = Mechanism(...)``: the Mo
 it owns and their "off" values, a one-line help text for each (``attnlab presets --fields``), their
 allowed values (``choices``) and the combinations it refuses (``rules``), a small example config
 for the contract tests, its benchmark variants, what it does to the FLOP count, the gates it
-hands to the gate analysis, and the setting (if any) under which a fresh model computes plain
-attention. Everything else is derived here: which mechanisms a config enables, the bench lists
-(and so the overhead study), the field help, the plain-reference fields, the validation of the
-mechanism fields. tests/model/test_mechanism_contract.py checks every registered mechanism, each
-ablation variant it derives from a SPEC's fields and choices, every pair and all of them
-together against the contract, and that a mechanism added by the README's steps needs nothing
-else.
+hands to the gate analysis, the setting (if any) under which a fresh model computes plain
+attention, and the mechanisms it does not compose with (``excludes``; two core replacements
+never compose). Everything else is derived here: which mechanisms a config enables, the bench
+lists (and so the overhead study), the field help, the plain-reference fields, the validation
+of the mechanism fields, and which mechanisms compose (``compatible_sets``: the largest sets
+whose examples are accepted together; ``pairs``). tests/model/test_mechanism_contract.py checks every
+registered mechanism, each ablation variant it derives from a SPEC's fields and choices, every
+compatible pair and each largest compatible set against the contract, that every other pair is
+refused with a message naming both, and that a mechanism added by the documented steps needs
+nothing else.
 
 How the mechanisms' validation reaches ModelConfig. The SPECs live beside nn.Modules, so reading
 them imports torch, and attnlab.config sits below the model (it must not import it, and
@@ -51,9 +58,10 @@ written. A config made before this package was imported is checked again when it
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -81,7 +89,12 @@ class Part:
 
 @dataclass(frozen=True)
 class Rule:
-    """A combination of config fields a mechanism refuses, with its one-line message."""
+    """A combination of config fields a mechanism refuses, with its one-line message.
+
+    A rule may read any ModelConfig field: its own mechanism's, the backbone's (``n_embd``,
+    ``n_head``, ``pos``; derived ones such as ``n_kv_head`` already filled in) and any other
+    mechanism's, switch or not. It must read at least one field of its own mechanism.
+    """
 
     reads: tuple[str, ...]  # the ModelConfig fields ``refuses`` looks at
     refuses: Callable[[Any], bool]
@@ -109,8 +122,12 @@ class Mechanism:
     zero_gate: dict[str, Any] | None = None  # fields under which a fresh model is plain attention
     always_on: bool = False  # no switch: on whenever registered (tests' toy mechanisms)
     choices: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # field -> allowed values
-    # combinations refused; a rule reads the mechanism's own fields and other mechanisms' switches
+    # combinations refused; a rule may read any config field (see Rule)
     rules: tuple[Rule, ...] = ()
+    # mechanisms it never composes with, by name (one side declaring it is enough): a config
+    # turning both on is refused with a message naming both. Two mechanisms that replace the
+    # attention core are exclusive without saying so.
+    excludes: tuple[str, ...] = ()
     help: dict[str, str] = field(default_factory=dict)  # field -> one line for `presets --fields`
     # gates it keeps for `analyze gates` (``ctx.keep(f"{name}.gate", g)``): name -> the range of
     # the scores; ``{m}`` in a name stands for a number (``r{m}``: one gate per boosting round)
@@ -176,7 +193,7 @@ def choices() -> dict[str, tuple[Any, ...]]:
 
 def validate(config: Any) -> None:
     """Refuse (ConfigError) a config whose mechanism fields break a registered SPEC's choices or
-    rules."""
+    rules, or that turns on two mechanisms that do not compose."""
     for spec in specs():
         for name, allowed in spec.choices.items():
             check_choice(name, getattr(config, name), allowed)
@@ -185,10 +202,83 @@ def validate(config: Any) -> None:
                 raise ConfigError(
                     rule.message.format(**{f: getattr(config, f) for f in rule.reads})
                 )
+    on = [spec for spec in specs() if spec.enabled(config)]
+    for a, b in itertools.combinations(on, 2):
+        if b.name in a.excludes or a.name in b.excludes:
+            declared = a.name if b.name in a.excludes else b.name
+            raise ConfigError(
+                f"{a.label} and {b.label} do not compose (the {declared} SPEC's excludes); "
+                f"turn one off: {way_out(a, b)}"
+            )
+    # parts() only declares the parts (nothing is built), so this costs no model
+    cores = [s for s in on if any("core" in p.hooks for p in module(s.name).parts(config))]
+    if len(cores) > 1:
+        raise ConfigError(
+            f"{cores[0].label} and {cores[1].label} both replace the attention core and do not "
+            f"compose; turn one off: {way_out(cores[0], cores[1])}"
+        )
+
+
+def way_out(*off: Mechanism) -> str:
+    """The settings that turn any one of ``off`` off: "twicing=False or boost_rounds=1"."""
+    return " or ".join(", ".join(f"{k}={v!r}" for k, v in s.switch.items()) for s in off)
 
 
 if validate not in MECHANISM_CHECKS:
     MECHANISM_CHECKS.append(validate)
+
+
+def composition(names: Sequence[str], **backbone: Any) -> dict[str, Any]:
+    """The config fields of ``names`` on together: their examples merged in REGISTRY order, then
+    ``backbone`` (fields of the model they run on, which win)."""
+    merged = {
+        k: v for name in REGISTRY if name in names for k, v in module(name).SPEC.example.items()
+    }
+    return {**merged, **backbone}
+
+
+def refusal(names: Sequence[str], **backbone: Any) -> str | None:
+    """Why ``names`` do not compose on ``backbone`` (the config's one-line refusal), or None."""
+    try:
+        ModelConfig(**composition(names, **backbone))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def compatible_sets(**backbone: Any) -> list[tuple[str, ...]]:
+    """The largest sets of registered mechanisms that compose on ``backbone``: each set whose
+    merged examples are accepted and that no larger accepted set contains, largest first.
+    With nothing refused this is one set, the whole registry: what "all mechanisms" means."""
+    found: list[tuple[str, ...]] = []
+    for size in range(len(REGISTRY), 0, -1):
+        for names in itertools.combinations(REGISTRY, size):
+            if not any(set(names) <= set(f) for f in found) and not refusal(names, **backbone):
+                found.append(names)
+    return found
+
+
+def pairs(**backbone: Any) -> dict[tuple[str, str], str | None]:
+    """Every pair of registered mechanisms -> why it does not compose on ``backbone`` (None: it
+    composes)."""
+    return {p: refusal(p, **backbone) for p in itertools.combinations(REGISTRY, 2)}
+
+
+def incompatibilities() -> list[tuple[tuple[str, ...], str]]:
+    """What does not compose, for the listings: each pair refused together on the default
+    backbone (with its refusal), then each rule reading another mechanism's fields, which
+    refuses only some of their settings (with its message, for its example's settings)."""
+    found = [(names, why) for names, why in pairs().items() if why]
+    owner = {f: spec.name for spec in specs() for f in spec.fields}
+    defaults = ModelConfig().to_dict()
+    for spec in specs():
+        for rule in spec.rules:
+            others = {owner[f] for f in rule.reads if owner.get(f, spec.name) != spec.name}
+            if others:
+                values = {**defaults, **rule.example}
+                message = rule.message.format(**{f: values[f] for f in rule.reads})
+                found.append(((spec.name, *sorted(others, key=REGISTRY.index)), message))
+    return found
 
 
 def attention_passes(config: Any) -> int:
