@@ -235,13 +235,22 @@ def _time_taken(record: dict[str, Any]) -> str:
 def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[str]) -> str:
     """The whole report.md: the head from study.json (``record``), then the kind's ``sections``."""
     seeds = record["seeds"]
+    kept = record.get("protocol")
+    if kept:  # a protocol's seeds: the evaluation seeds reached so far, and its tuning seeds
+        seeds = kept["evaluation_seeds"] or [None]
+    said = f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)})" if seeds[0] is not None else "No seeds"
+    if kept:
+        said = said.replace("Seeds", "Evaluation seeds", 1).replace(
+            "No seeds", "No evaluation seeds yet"
+        )
+        if kept["tuning_seeds"]:
+            said += f", tuning seeds {', '.join(map(str, kept['tuning_seeds']))}"
     lines = [
         f"# Study `{spec.name}`",
         "",
         spec.description,
         "",
-        f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
-        + _time_taken(record),
+        f"{said}; study spec `{spec.source}`; " + _time_taken(record),
         "",
         *_provenance(record),
         *_scale_lines(spec, preset),

@@ -19,7 +19,7 @@ from typing import Any
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
-from attnlab.studies import provenance
+from attnlab.studies import protocol, provenance
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.output import RESULTS_JSON, RUN_FIELDS, STUDY_JSON, StudyDir
@@ -171,7 +171,9 @@ def _prepared(
     folder.check_usable()  # what create() refuses, refused here for a plan too
     donors = _donors(reuse_from or [], folder)
     _refuse_another_study(folder, spec.name, preset)
-    seed_list = list(range(n_seeds))
+    # a protocol scale's arms become its cells, with the choices an earlier invocation made
+    spec = protocol.expand(spec, preset, folder.previous().get("protocol"), seeds)
+    seed_list = spec.expanded.all_seeds() if spec.expanded else list(range(n_seeds))
     git = process_git_state()
     header = {
         "name": spec.name,
@@ -218,6 +220,14 @@ def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -
             "name the study it holds"
         )
     spec, origin = _spec_as_run(spec, record)
+    kept = record.get("protocol")
+    if isinstance(kept, dict) and record.get("preset") in spec.scales:
+        fixed = (
+            (kept.get("seeds") or {}).get("n")
+            if kept.get("seeds", {}).get("rule") == "fixed"
+            else None
+        )
+        spec = protocol.expand(spec, record["preset"], kept, fixed)
     _check_record(spec, record, results["runs"], folder)
     header = {k: v for k, v in record.items() if k not in _REBUILT}
     header["spec_text"] = spec.text
