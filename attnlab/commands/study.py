@@ -203,7 +203,11 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         iters = "?" if r["iters"] is None else f"{r['iters']}"
         mark = " (estimated)" if r.get("estimated") and r["iters"] is not None else ""
         state = "trains after the wall-clock timing" if r["iters"] is None else r["state"]
+        if r.get("waits"):  # a protocol's evaluation run its choices have not fixed yet
+            state += f" {r['waits']}"
         print(f"{r['variant']:<{width}}  {r['seed']:>4}  {iters:>6}  {state}{mark}")
+    if "protocol" in plan:
+        _print_protocol(plan)
     if not plan["sec_per_step"]:
         return
     steps = ", ".join(f"{v} {1000 * s:.0f} ms" for v, s in plan["sec_per_step"].items())
@@ -218,4 +222,17 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         f"left: {len(left)} runs, about {duration(plan['seconds_left'])} one after another on "
         "this machine as it is now (evaluation included; each run's start-up, checkpoints and "
         "analyses not; other work on it stretches this)"
+    )
+
+
+def _print_protocol(plan: dict) -> None:
+    """How many runs a protocol study's plan holds: tuning, evaluation, and those sure to train."""
+    from attnlab.studies.progress import duration
+
+    p = plan["protocol"]
+    sure = f" (about {duration(p['sure_seconds'])})" if p["sure_seconds"] is not None else ""
+    print(
+        f"protocol: {p['tuning_runs']} learning-rate tuning runs and {p['evaluation_runs']} "
+        f"evaluation runs at most (the pilot fixes n); {p['sure_runs']} runs left are sure to "
+        f"train{sure}, the others only if the pilot asks for them (fewer where tuning picks the recipe's LR)"
     )

@@ -266,7 +266,9 @@ def best_lrs(rows: list[dict[str, Any]]) -> dict[Key, float | None]:
 def advance(spec: StudySpec, preset: str, runs: list[dict[str, Any]]) -> StudySpec:
     """The spec of the next phase once ``runs`` completes the current one (the best LRs after
     tuning, n after the pilot), else ``spec`` itself."""
-    state: Expanded = spec.expanded
+    state: Expanded | None = spec.expanded
+    if state is None:  # no protocol: one phase
+        return spec
     if state.grid and state.best is None:
         rows = tuning(spec, runs)
         if not all(r["done"] for r in rows):

@@ -153,7 +153,7 @@ class LanguageModel:
         earlier = [
             job for job in first_jobs + kept_jobs if finished_summary(job.run_dir) is not None
         ]
-        if earlier:
+        if earlier or spec.expanded is not None:  # a protocol's new phase: its choices at once
             publish([train_one(job) for job in earlier])
         done = {job.run_dir for job in earlier}
         # The budgets not yet kept are timed now, before anything trains: the machine is as idle
@@ -230,7 +230,17 @@ class LanguageModel:
         if spec.expanded is not None:
             rows += _protocol_rows(study, steps if timed else {})
         left = [r for r in rows if r.get("seconds_left") is not None]
+        if spec.expanded is not None:  # what is sure to train, the rest only if the pilot asks
+            sure = [r for r in left if "pilot" not in r.get("waits", "")]
+            tuning = set(spec.expanded.protocol.tuning_seeds)
+            summary = {
+                "tuning_runs": sum(r["seed"] in tuning for r in rows),
+                "evaluation_runs": sum(r["seed"] not in tuning for r in rows),
+                "sure_runs": len(sure),
+                "sure_seconds": sum(r["seconds_left"] for r in sure) if timed else None,
+            }
         return {
+            **({"protocol": summary} if spec.expanded is not None else {}),
             "rows": rows,
             "sec_per_step": steps,
             "threads": torch.get_num_threads(),
@@ -303,10 +313,8 @@ def _protocol_rows(study: Study, steps: dict[str, float]) -> list[dict[str, Any]
                 waits = ["after tuning"] if tuned is None else []
                 if open_n and seed >= p.pilot_seeds:
                     waits.append("if the pilot asks for it")
-                state_text = "trains " + " and ".join(waits)
-                rows.append(
-                    {**lm_plan.plan_row(study, run, sec), "state": state_text, "protocol": basis}
-                )
+                row = lm_plan.plan_row(study, run, sec)
+                rows.append({**row, "waits": " and ".join(waits), "protocol": basis})
     return rows
 
 

@@ -5,6 +5,7 @@ sizes with its figure. Everything here is read from results.json and study.json.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,19 @@ from attnlab.studies.report import md_table, num, p_value
 
 LR_FIGURE = "lr.png"
 SCALE_FIGURE = "scale.png"
+# figure path -> the data it was last drawn from in this process: a study publishes after every
+# run, and redrawing an unchanged figure each time cost more than the runs of a small study
+_DRAWN: dict[Path, str] = {}
+
+
+def _unchanged(path: Path, data: Any) -> bool:
+    """Whether ``path`` already shows ``data`` (drawn from it in this process); else remember
+    that it is about to."""
+    signature = json.dumps(data, sort_keys=True, default=str)
+    if _DRAWN.get(path) == signature and path.is_file():
+        return True
+    _DRAWN[path] = signature
+    return False
 
 
 def _at(size: str | None) -> str:
@@ -139,7 +153,10 @@ def _tuning_lines(study: Study, kept: dict[str, Any]) -> list[str]:
             "no verdict: widen the grid on that side.",
             "",
         ]
-    if plot_lr(kept, study.out.figure(LR_FIGURE), f"{study.spec.name}: learning-rate tuning"):
+    path = study.out.figure(LR_FIGURE)
+    tuned = all(t["done"] for t in kept["tuning"])  # drawn once tuning is complete
+    title = f"{study.spec.name}: learning-rate tuning"
+    if tuned and (_unchanged(path, kept["tuning"]) or plot_lr(kept, path, title)):
         lines += [f"![mean final val loss against learning rate]({figure_link(LR_FIGURE)})", ""]
     return lines
 
@@ -281,7 +298,10 @@ def _trend_lines(study: Study, kept: dict[str, Any], record: dict[str, Any]) -> 
         *md_table([*header, "seeds"], rows),
     ]
     path = study.out.figure(SCALE_FIGURE)
-    if plot_scale(record, kept, path, f"{study.spec.name}: loss against parameters"):
+    title = f"{study.spec.name}: loss against parameters"
+    if _unchanged(path, [record["variants"], kept["trend"]]) or plot_scale(
+        record, kept, path, title
+    ):
         lines += [f"![final val loss against parameters per arm]({figure_link(SCALE_FIGURE)})", ""]
     return lines
 
@@ -307,7 +327,7 @@ def plot_lr(kept: dict[str, Any], path: Path, title: str) -> bool:
         high = [max(f) - m if f else 0.0 for m, f in zip(means, finite, strict=True)]
         style = styles[label]
         ax.errorbar(xs, means, yerr=[low, high], capsize=3, mfc="none", label=label, **style)
-        if best.get(key) is not None:
+        if best.get(key) in xs:
             at = xs.index(best[key])
             ax.plot(xs[at], means[at], "*", color=style["color"], ms=16, mec="k",
                     label="tuned LR (lowest mean)")  # fmt: skip
