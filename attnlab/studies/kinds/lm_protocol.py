@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
+from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure, series_styles
 from attnlab.studies.kinds import lm_report
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import figure_link
@@ -331,16 +331,19 @@ def plot_lr(kept: dict[str, Any], path: Path, title: str) -> bool:
             at = xs.index(best[key])
             ax.plot(xs[at], means[at], "*", color=style["color"], ms=16, mec="k",
                     label="tuned LR (lowest mean)")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set(
-        xlabel="peak learning rate (log scale)",
-        ylabel="final validation loss (nats per token)",
-        title=f"{title}\nmean over the tuning seeds; bars: lowest to highest seed",
-    )
-    ax.grid(alpha=0.3, which="both")
-    legend_outside(fig, [ax], ncol=3)
-    save_figure(fig, path)
+    _finish(fig, ax, path, "peak learning rate", f"{title}\nmean over the tuning seeds; bars: "
+            "lowest to highest seed")  # fmt: skip
     return True
+
+
+def _finish(fig: Any, ax: Any, path: Path, x: str, title: str) -> None:
+    """Label a loss-against-``x`` figure on a log x axis, add its legend and save it."""
+    ax.set_xscale("log")
+    plain_log_ticks(ax, "x")
+    ax.set(xlabel=f"{x} (log scale)", ylabel="final validation loss (nats per token)", title=title)
+    ax.grid(alpha=0.3, which="both")
+    legend_outside(fig, [ax], ncol=2)
+    save_figure(fig, path)
 
 
 def plot_scale(record: dict[str, Any], kept: dict[str, Any], path: Path, title: str) -> bool:
@@ -366,16 +369,10 @@ def plot_scale(record: dict[str, Any], kept: dict[str, Any], path: Path, title: 
             if len(points) < 1:
                 continue
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            err = [
-                [
-                    y - p[2] if math.isfinite(p[2] or math.nan) else 0.0
-                    for y, p in zip(ys, points, strict=True)
-                ],
-                [
-                    p[3] - y if math.isfinite(p[3] or math.nan) else 0.0
-                    for y, p in zip(ys, points, strict=True)
-                ],
-            ]
+            # no interval (one seed): no bar
+            err = [[abs(y - e) if e is not None and math.isfinite(e) else 0.0
+                    for y, e in zip(ys, ends, strict=True)]
+                   for ends in ([p[2] for p in points], [p[3] for p in points])]  # fmt: skip
             style = {**styles[arm], "ls": ls}
             ax.errorbar(xs, ys, yerr=err, capsize=3, mfc="none" if basis == RECIPE else None,
                         label=f"{arm} ({basis} LR)", **style)  # fmt: skip
@@ -383,13 +380,6 @@ def plot_scale(record: dict[str, Any], kept: dict[str, Any], path: Path, title: 
     if not drawn:
         plt.close(fig)
         return False
-    ax.set_xscale("log")
-    ax.set(
-        xlabel="parameters (log scale)",
-        ylabel="final validation loss (nats per token)",
-        title=f"{title}\nmean over the evaluation seeds, bars: 95 % t interval",
-    )
-    ax.grid(alpha=0.3, which="both")
-    legend_outside(fig, [ax], ncol=2)
-    save_figure(fig, path)
+    _finish(fig, ax, path, "parameters", f"{title}\nmean over the evaluation seeds, bars: 95 % t "
+            "interval")  # fmt: skip
     return True
