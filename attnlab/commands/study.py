@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=SCALES,
         help="scale: ci (a smoke test; the default), cpu (early training on a CPU), converged "
         "(trained to a plateau on a CPU; the studies that have one), paper (the seed's "
-        "settings); --plan times it on this machine",
+        "settings), fair (each arm at its own best learning rate, at two sizes, seeds set by "
+        "power; the studies that have one, docs/studies-protocol.md); --plan times it on this "
+        "machine",
     )
     p.add_argument("--out", type=path_arg, help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
