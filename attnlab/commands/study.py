@@ -40,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=SCALES,
         help="scale: ci (a smoke test; the default), cpu (early training on a CPU), converged "
         "(trained to a plateau on a CPU; the studies that have one), paper (the seed's "
-        "settings); --plan times it on this machine",
+        "settings), fair (each arm at its own best learning rate, at two sizes, seeds set by "
+        "power; the studies that have one, docs/studies-protocol.md); --plan times it on this "
+        "machine",
     )
     p.add_argument("--out", type=path_arg, help="study folder (re-running it skips finished runs)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: the preset's)")
@@ -276,7 +278,11 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         iters = "?" if r["iters"] is None else f"{r['iters']}"
         mark = " (estimated)" if r.get("estimated") and r["iters"] is not None else ""
         state = "trains after the wall-clock timing" if r["iters"] is None else r["state"]
+        if r.get("waits"):  # a protocol's evaluation run its choices have not fixed yet
+            state += f" {r['waits']}"
         print(f"{r['variant']:<{width}}  {r['seed']:>4}  {iters:>6}  {state}{mark}")
+    if "protocol" in plan:
+        _print_protocol(plan)
     if not plan["sec_per_step"]:
         return
     print(f"seconds per training step ({plan['threads']} threads here), the median of:")
@@ -291,4 +297,17 @@ def _print_plan(name: str, preset: str, plan: dict) -> None:
         f"left: {len(left)} runs, about {duration(plan['seconds_left'])} one after another on "
         "this machine as it is now (evaluation included; each run's start-up, checkpoints and "
         "analyses not; other work on it stretches this)"
+    )
+
+
+def _print_protocol(plan: dict) -> None:
+    """How many runs a protocol study's plan holds: tuning, evaluation, and those sure to train."""
+    from attnlab.studies.progress import duration
+
+    p = plan["protocol"]
+    sure = f" (about {duration(p['sure_seconds'])})" if p["sure_seconds"] is not None else ""
+    print(
+        f"protocol: {p['tuning_runs']} learning-rate tuning runs and {p['evaluation_runs']} "
+        f"evaluation runs at most (the pilot fixes n); {p['sure_runs']} runs left are sure to "
+        f"train{sure}, the others only if the pilot asks for them (fewer where tuning picks the recipe's LR)"
     )

@@ -232,16 +232,30 @@ def _time_taken(record: dict[str, Any]) -> str:
     return f"{last}; {total:.0f} s over its {len(held)} invocations (study.json lists each)."
 
 
+def _seeds_said(record: dict[str, Any]) -> str:
+    """The seeds the study ran: a protocol's evaluation seeds so far and its tuning seeds."""
+    kept = record.get("protocol")
+    if not kept:
+        seeds = record["seeds"]
+        return f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)})"
+    seeds = kept["evaluation_seeds"]
+    said = (
+        f"Evaluation seeds {seeds[0]}–{seeds[-1]} ({len(seeds)})"
+        if seeds
+        else "No evaluation seeds yet"
+    )
+    tuning = kept["tuning_seeds"]
+    return said + (f", tuning seeds {', '.join(map(str, tuning))}" if tuning else "")
+
+
 def render(spec: StudySpec, preset: str, record: dict[str, Any], sections: list[str]) -> str:
     """The whole report.md: the head from study.json (``record``), then the kind's ``sections``."""
-    seeds = record["seeds"]
     lines = [
         f"# Study `{spec.name}`",
         "",
         spec.description,
         "",
-        f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)}); study spec `{spec.source}`; "
-        + _time_taken(record),
+        f"{_seeds_said(record)}; study spec `{spec.source}`; " + _time_taken(record),
         "",
         *_provenance(record),
         *_scale_lines(spec, preset),

@@ -20,7 +20,7 @@ from typing import Any
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
-from attnlab.studies import provenance
+from attnlab.studies import protocol, provenance
 from attnlab.studies.executors import SlurmExecutor, SlurmOptions
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
@@ -86,6 +86,7 @@ def run_study(
         command,
         allow_mixed_commits,
         reuse_from,
+        cluster=slurm is not None,
     )
     if slurm is not None:  # refused before the folder is made where it cannot submit
         study = replace(study, executor=SlurmExecutor(slurm, study.out, progress))
@@ -156,9 +157,11 @@ def _prepared(
     allow_mixed_commits: bool,
     reuse_from: list[str | Path] | None,
     planning: bool = False,
+    cluster: bool = False,
 ) -> Study:
     """The study as ``run_study`` runs it, every refusal made and nothing written in ``out``
-    (``planning``: nor anywhere else)."""
+    (``planning``: nor anywhere else; ``cluster``: its runs go to a cluster's nodes, so
+    ``jobs`` is not bounded by this machine's CPUs)."""
     if variants is not None:
         if not variants and spec.variants:  # `--variants ,` ran every variant
             raise AttnlabError(f"--variants names none; choose from {', '.join(spec.variants)}")
@@ -169,7 +172,7 @@ def _prepared(
         raise AttnlabError(f"--seeds and --jobs must be >= 1 (got {n_seeds} and {jobs})")
     # each job is a process of at least one thread: past a few per CPU they only queue
     most = JOBS_PER_CPU * (os.cpu_count() or 1)
-    if jobs > most:
+    if jobs > most and not cluster:
         raise AttnlabError(
             f"--jobs must be between 1 and {most} ({JOBS_PER_CPU} per CPU here; got {jobs:,})"
         )
@@ -184,7 +187,9 @@ def _prepared(
     folder.check_usable()  # what create() refuses, refused here for a plan too
     donors = _donors(reuse_from or [], folder)
     _refuse_another_study(folder, spec.name, preset)
-    seed_list = list(range(n_seeds))
+    # a protocol scale's arms become its cells, with the choices an earlier invocation made
+    spec = protocol.expand(spec, preset, folder.previous().get("protocol"), seeds)
+    seed_list = spec.expanded.all_seeds() if spec.expanded else list(range(n_seeds))
     git = process_git_state()
     header = {
         "name": spec.name,
@@ -231,6 +236,14 @@ def report_study(spec: StudySpec, out: str | Path, command: str | None = None) -
             "name the study it holds"
         )
     spec, origin = _spec_as_run(spec, record)
+    kept = record.get("protocol")
+    if isinstance(kept, dict) and record.get("preset") in spec.scales:
+        fixed = (
+            (kept.get("seeds") or {}).get("n")
+            if kept.get("seeds", {}).get("rule") == "fixed"
+            else None
+        )
+        spec = protocol.expand(spec, record["preset"], kept, fixed)
     _check_record(spec, record, results["runs"], folder)
     header = {k: v for k, v in record.items() if k not in _REBUILT}
     header["spec_text"] = spec.text
@@ -287,7 +300,9 @@ def _check_record(
         seen.add((run["variant"], run["seed"]))
     ran = {run["seed"] for run in runs}
     unrun = [s for s in seeds if s not in ran]
-    if runs and unrun:  # the report would count seeds that no run has (study.json edited)
+    # the report would count seeds that no run has (study.json edited); a protocol study lists
+    # every seed its phases may reach (up to max_seeds) before they are reached
+    if runs and unrun and "protocol" not in record:
         raise AttnlabError(
             f"{where} has seeds {seeds}, but {folder.path / RESULTS_JSON} holds no run of seed "
             f"{unrun[0]}"

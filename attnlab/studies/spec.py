@@ -59,6 +59,12 @@ class Variant:
     # set on the generated wall-clock-matched variants: the baseline they re-run, whose time they match
     matches: str | None = None
     clock_of: str | None = None
+    # set on the cells a protocol scale expands an arm into (attnlab.studies.protocol): the arm,
+    # its size, its learning rate and the seeds that cell trains
+    arm: str | None = None
+    size: str | None = None
+    lr: float | None = None
+    seeds: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -70,6 +76,23 @@ class Comparison:
     wallclock: bool = False
     wallclock_reference: float | None = None  # the seed's value for the wall-clock-matched baseline
     reference_t: float | None = None  # the seed's published paired t, shown beside ours
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A scale's comparison protocol (docs/studies-protocol.md): each arm at its own best
+    learning rate of ``lr_grid`` (tuned on ``tuning_seeds``), at every one of ``sizes``, over
+    ``seeds`` evaluation seeds or, ``auto``, as many as a pilot of ``pilot_seeds`` says detect
+    the ``smallest_effect`` at 80 % power (at most ``max_seeds``)."""
+
+    lr_grid: tuple[float, ...] = ()
+    tuning_seeds: tuple[int, ...] = ()
+    # size name -> {"model": ..., "train": ..., "variants": {arm: {"model", "train"}}}
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    auto: bool = False
+    smallest_effect: tuple[float, ...] = ()
+    pilot_seeds: int = 0
+    max_seeds: int = 0
 
 
 @dataclass
@@ -84,6 +107,7 @@ class Scale:
     # per variant: its ``model`` / ``train`` overrides and its own ``seeds``
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)  # kind-specific (widths, steps, ...)
+    protocol: Protocol | None = None  # None: every arm at its recipe's LR, one size, fixed seeds
 
 
 @dataclass
@@ -102,6 +126,8 @@ class StudySpec:
     # the variants this invocation may train (None: all, ``training``); the others' finished
     # runs are still reported, so results and report always cover the whole study
     to_train: frozenset[str] | None = None
+    # the protocol's state once a preset expanded the arms into cells (attnlab.studies.protocol)
+    expanded: Any = None
 
     @property
     def baseline(self) -> str:
@@ -154,6 +180,8 @@ class StudySpec:
         """The ``seeds`` variant ``name`` runs at ``preset``: the first as many as its own
         ``seeds`` in the scale (its baseline's for a wall-clock-matched variant), else all."""
         variant = self.variants[name]
+        if variant.seeds is not None:  # a protocol's cell: the seeds its phase has reached
+            return [s for s in seeds if s in variant.seeds]
         own = self.scale(preset).variants.get(variant.matches or name, {}).get("seeds")
         return list(seeds[:own] if own else seeds)
 
@@ -491,11 +519,20 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
             raise AttnlabError(f"{where}: scale {preset!r} is not one of {', '.join(SCALES)}")
         check_keys(
             s,
-            ("seeds", "notes", "data", "model", "train", "variants", "params"),
+            ("seeds", "notes", "data", "model", "train", "variants", "params", *PROTOCOL_KEYS),
             f"{where} scale {preset}",
         )
         at = f"{where} scale {preset}"
-        seeds = _seeds(s, f"{where}: scale {preset}", 1)
+        protocol = _protocol(s, f"{where}: scale {preset}", variants, comparisons)
+        auto = protocol is not None and protocol.auto
+        seeds = protocol.max_seeds if auto else _seeds(s, f"{where}: scale {preset}", 1)
+        if protocol is not None and protocol.tuning_seeds:
+            overlap = sorted(set(protocol.tuning_seeds) & set(range(seeds)))
+            if overlap:
+                raise AttnlabError(
+                    f"{where}: scale {preset}: tuning seed {overlap[0]} is also an evaluation "
+                    f"seed (0 .. {seeds - 1}); tuning seeds must be disjoint from them"
+                )
         per_variant = _table(s, "variants", where)
         for name, own in per_variant.items():
             if name not in variants:
@@ -503,6 +540,11 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
             if not isinstance(own, dict):
                 raise AttnlabError(f"{at} variant {name} must be a table")
             check_keys(own, ("model", "train", "seeds"), f"{at} variant {name}")
+            if protocol is not None and "seeds" in own:  # the protocol gives every cell its seeds
+                raise AttnlabError(
+                    f"{at} variant {name}: seeds is not read with an lr_grid, sizes or seeds = "
+                    "'auto' (every arm runs the protocol's seeds); leave it out"
+                )
             _check_fields(own, f"{at} variant {name}")
             if "seeds" in own and _seeds(own, f"{at} variant {name}", seeds) > seeds:
                 raise AttnlabError(
@@ -518,6 +560,7 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
             _table(s, "train", where),
             per_variant,
             _table(s, "params", where),
+            protocol,
         )
     if not scales:
         raise AttnlabError(f"{where}: a study needs at least one [scale.<preset>] table")
@@ -534,6 +577,101 @@ def parse_spec(data: dict[str, Any], source: str = "", text: str | None = None) 
     )
     _add_wallclock_variants(spec)
     return spec
+
+
+PROTOCOL_KEYS = (
+    "lr_grid",
+    "tuning_seeds",
+    "sizes",
+    "smallest_effect",
+    "pilot_seeds",
+    "max_seeds",
+)
+_SEED = whole_number(0)
+# a size's table: overrides for every arm and, per arm, its own
+_SIZE_KEYS = ("model", "train", "variants")
+
+
+def _protocol(
+    s: dict[str, Any], where: str, variants: dict[str, Variant], comparisons: list[Comparison]
+) -> Protocol | None:
+    """A scale's protocol keys (PROTOCOL_KEYS and ``seeds = "auto"``), each refused in one line
+    where it is wrong or lacks what it needs; None where the scale gives none of them."""
+    if not any(k in s for k in PROTOCOL_KEYS) and s.get("seeds") != "auto":
+        return None
+    grid = s.get("lr_grid", [])
+    if "lr_grid" in s and not (list_of(POSITIVE).test(grid) and len(set(grid)) == len(grid) >= 3):
+        raise AttnlabError(
+            f"{where}: lr_grid must be a list of 3 or more different learning rates > 0, "
+            f"not {grid!r}"
+        )
+    tuning = s.get("tuning_seeds", [])
+    if "tuning_seeds" in s and not (
+        list_of(_SEED).test(tuning) and len(set(tuning)) == len(tuning)
+    ):
+        raise AttnlabError(
+            f"{where}: tuning_seeds must be a list of different whole numbers >= 0, not {tuning!r}"
+        )
+    if bool(grid) != bool(tuning):
+        raise AttnlabError(
+            f"{where}: lr_grid and tuning_seeds go together (the grid is trained on the tuning "
+            "seeds); give both or neither"
+        )
+    auto = s.get("seeds") == "auto"
+    power = ("smallest_effect", "pilot_seeds", "max_seeds")
+    if not auto and any(k in s for k in power):
+        given = next(k for k in power if k in s)
+        raise AttnlabError(f'{where}: {given} is read only with seeds = "auto"; set that too')
+    effects: list[float] = []
+    if auto:
+        missing = [k for k in power if k not in s]
+        if missing:
+            raise AttnlabError(f'{where}: seeds = "auto" needs {", ".join(missing)}')
+        effects = s["smallest_effect"]
+        effects = effects if isinstance(effects, list) else [effects]
+        if not list_of(Rule(lambda v: _finite(v) and v != 0, "")).test(effects):
+            raise AttnlabError(
+                f"{where}: smallest_effect must be a loss difference other than 0 (or a list "
+                f"of them), not {s['smallest_effect']!r}"
+            )
+        for key in ("pilot_seeds", "max_seeds"):
+            if not whole_number(2).test(s[key]):
+                raise AttnlabError(f"{where}: {key} must be a whole number >= 2, not {s[key]!r}")
+        if s["max_seeds"] < s["pilot_seeds"]:
+            raise AttnlabError(
+                f"{where}: max_seeds {s['max_seeds']} is below pilot_seeds {s['pilot_seeds']}"
+            )
+        if not comparisons:
+            raise AttnlabError(f'{where}: seeds = "auto" sizes n by a comparison; add one')
+    sizes = _table(s, "sizes", where)
+    if "sizes" in s and len(sizes) < 2:
+        raise AttnlabError(
+            f"{where}: sizes must name 2 or more sizes (one size: give its values in the scale)"
+        )
+    for size, table in sizes.items():
+        _check_path_name(size, f"{where}: size")
+        at = f"{where} size {size}"
+        check_table(table, dict.fromkeys(_SIZE_KEYS, TABLE), at, "size")
+        _check_fields(table, at)
+        for arm, own in table.get("variants", {}).items():
+            if arm not in variants:
+                raise AttnlabError(f"{at}: overrides unknown variant {arm!r}")
+            check_table(own, {"model": TABLE, "train": TABLE}, f"{at} variant {arm}", "variant")
+            _check_fields(own, f"{at} variant {arm}")
+    if any(c.wallclock for c in comparisons):
+        raise AttnlabError(
+            f"{where}: a wall-clock comparison is not made under lr_grid, sizes or seeds = "
+            "'auto' (its budget is timed for one learning rate and size); use another scale"
+        )
+    return Protocol(
+        tuple(sorted(grid)),
+        tuple(tuning),
+        sizes,
+        auto,
+        tuple(effects),
+        s.get("pilot_seeds", 0),
+        s.get("max_seeds", 0),
+    )
 
 
 def _add_wallclock_variants(spec: StudySpec) -> None:

@@ -11,6 +11,7 @@ results.json) while the others go on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_manifest
 from attnlab.presets import get_preset
 from attnlab.rundir import BEST, LATEST, copied_from, copy_run, finished_summary, has_weights
-from attnlab.studies import output, provenance
+from attnlab.studies import output, protocol, provenance
 from attnlab.studies.jobs import (
     Job,
     Pace,
@@ -33,7 +34,7 @@ from attnlab.studies.jobs import (
     time_steps,
     train_one,
 )
-from attnlab.studies.kinds import lm_plan, lm_report
+from attnlab.studies.kinds import lm_plan, lm_protocol, lm_report
 from attnlab.studies.kinds.base import Outcome, Study
 from attnlab.studies.kinds.lm_analyses import run_analyses
 from attnlab.studies.output import StudyDir
@@ -79,6 +80,17 @@ class LanguageModel:
             _jobs(study, names, _budget_iters(budgets))
 
     def run(self, study: Study) -> Outcome:
+        """Every run; a protocol scale's in its phases (attnlab.studies.protocol: tuning, then
+        the evaluation seeds at the best LRs, n chosen after a pilot), each phase's choices
+        kept in study.json before the next one trains."""
+        while True:
+            outcome = self._run(study)
+            spec = protocol.advance(study.spec, study.preset, outcome.runs)
+            if spec is study.spec:
+                return outcome
+            study = replace(study, spec=spec)
+
+    def _run(self, study: Study) -> Outcome:
         """Every run, the wall-clock-matched ones last; publish after each finished run.
 
         A wall-clock budget, once computed, is kept in study.json and reused when the study is
@@ -141,7 +153,7 @@ class LanguageModel:
         earlier = [
             job for job in first_jobs + kept_jobs if finished_summary(job.run_dir) is not None
         ]
-        if earlier:
+        if earlier or spec.expanded is not None:  # a protocol's new phase: its choices at once
             publish([train_one(job) for job in earlier])
         done = {job.run_dir for job in earlier}
         # The budgets not yet kept are timed now, before anything trains: the machine is as idle
@@ -173,6 +185,8 @@ class LanguageModel:
         return _outcome(study, runs, extra, folders, data)
 
     def sections(self, study: Study, results: dict[str, Any], record: dict[str, Any]) -> list[str]:
+        if record.get("protocol"):
+            return lm_protocol.sections(study, results, record)
         return lm_report.sections(study, results, record)
 
     def plan(self, study: Study, timed: bool = True) -> dict[str, Any]:
@@ -188,8 +202,9 @@ class LanguageModel:
         budgets = study.out.previous().get("wallclock", {})
         jobs = _jobs(study, [n for n in spec.variants if n not in clocked], {})
         jobs += _jobs(study, [n for n in clocked if n in budgets], _budget_iters(budgets))
-        # a wall-clock-matched arm trains its baseline's model: timed under that name
-        model_of = {n: v.matches if v.clock_of else n for n, v in spec.variants.items()}
+        # a wall-clock-matched arm trains its baseline's model, a protocol's cell its arm's at
+        # its size: timed under that name
+        model_of = {n: model_name(v) for n, v in spec.variants.items()}
         steps: dict[str, float] = {}
         for job in jobs if timed else []:
             if model_of[job.variant] not in steps:
@@ -212,8 +227,20 @@ class LanguageModel:
                 job = replace(base, variant=name, seed=seed, run_dir=run_dir, max_iters=iters)
                 row = lm_plan.plan_row(study, job, steps.get(base.variant) if iters else None)
                 rows.append({**row, "iters": iters, "estimated": True})
+        if spec.expanded is not None:
+            rows += _protocol_rows(study, steps if timed else {})
         left = [r for r in rows if r.get("seconds_left") is not None]
+        if spec.expanded is not None:  # what is sure to train, the rest only if the pilot asks
+            sure = [r for r in left if "pilot" not in r.get("waits", "")]
+            tuning = set(spec.expanded.protocol.tuning_seeds)
+            summary = {
+                "tuning_runs": sum(r["seed"] in tuning for r in rows),
+                "evaluation_runs": sum(r["seed"] not in tuning for r in rows),
+                "sure_runs": len(sure),
+                "sure_seconds": sum(r["seconds_left"] for r in sure) if timed else None,
+            }
         return {
+            **({"protocol": summary} if spec.expanded is not None else {}),
             "rows": rows,
             "sec_per_step": steps,
             "threads": torch.get_num_threads(),
@@ -257,6 +284,52 @@ class LanguageModel:
         return plan
 
 
+def _protocol_rows(study: Study, steps: dict[str, float]) -> list[dict[str, Any]]:
+    """The evaluation runs of a protocol study that its choices have not fixed yet: each arm
+    at its recipe's LR and at its tuned one (named ``...lr(tuned)`` before tuning chooses it;
+    it shares the recipe's runs where that is the best), on the seeds not reached yet, up to
+    max_seeds while the pilot has not fixed n; each row says what it waits for."""
+    spec = study.spec
+    state: protocol.Expanded = spec.expanded
+    p = state.protocol
+    open_n = p.auto and state.n is None
+    top = p.max_seeds if open_n else (state.n or 0) if p.auto else state.fixed_seeds
+    reached = set(state.eval_seeds())
+    future = [s for s in range(top) if s not in reached]
+    rows = []
+    for (arm, size), recipe in state.recipe.items():
+        tuned = state.tuned((arm, size))
+        name = state.cell(arm, size, recipe)
+        cells = {name: "recipe"}
+        if tuned is None:
+            cells[name.removesuffix(f".lr{recipe:g}") + ".lr(tuned)"] = "tuned"
+        elif not math.isclose(tuned, recipe):
+            cells[state.cell(arm, size, tuned)] = "tuned"
+        job = _arm(study, name)
+        sec = steps.get(model_name(spec.variants[name]))
+        for cell, basis in cells.items():
+            for seed in future:
+                run = replace(
+                    job, variant=cell, seed=seed, run_dir=str(study.out.run_dir(cell, seed))
+                )
+                waits = ["after tuning"] if tuned is None else []
+                if open_n and seed >= p.pilot_seeds:
+                    waits.append("if the pilot asks for it")
+                row = lm_plan.plan_row(study, run, sec)
+                rows.append({**row, "waits": " and ".join(waits), "protocol": basis})
+    return rows
+
+
+def model_name(variant: Variant) -> str:
+    """The variant whose model ``variant`` trains: a wall-clock-matched arm's baseline, a
+    protocol cell's arm at its size, else itself (one step time serves them all)."""
+    if variant.clock_of:
+        return variant.matches or variant.name
+    if variant.arm is not None:
+        return variant.arm + (f".{variant.size}" if variant.size is not None else "")
+    return variant.name
+
+
 def _outcome(
     study: Study,
     runs: list[dict[str, Any]],
@@ -268,6 +341,12 @@ def _outcome(
     spec = study.spec
     configs = resolved_configs(study, extra.get("wallclock", {}), folders, data)
     setup = {"configs": configs, "data": data}
+    if spec.expanded is not None:
+        rows = protocol.comparisons(spec, runs)
+        tuning = set(spec.expanded.protocol.tuning_seeds)  # the cells' statistics: evaluation
+        evaluated = [r for r in runs if r["seed"] not in tuning]
+        setup["protocol"] = protocol.record(spec, runs, rows)
+        return Outcome(list(runs), rows, variant_stats(evaluated, spec), {**extra, **setup})
     if not runs:
         return Outcome(extra={**extra, **setup})
     return Outcome(list(runs), compare(runs, spec), variant_stats(runs, spec), {**extra, **setup})
@@ -427,14 +506,27 @@ def wallclock_budget(study: Study, name: str) -> dict[str, Any]:
             "training steps each) for the wall-clock-matched budget"
         )
     timed: list[dict[str, Any]] = []
-    study.run_all(time_steps, [pace], lambda _i, result, _s: timed.append(result))
+    # as many timings at once as the study runs runs (--jobs), each with a run's threads: the
+    # ratio under the study's own conditions, where its runs share the machine's cores (a
+    # cluster's runs each have their own allocation: one timing job there)
+    at_once = study.jobs if study.executor is None else 1
+    study.run_all(time_steps, [pace] * at_once, lambda _i, r, _s: timed.append(r))
+    chosen = middle_timing(timed)
     mech_iters = planned(pace.mechanism).train.max_iters
     return {
         "baseline": baseline,
         "mechanism": mechanism,
-        **timed[0],
-        "iters": max(1, round(mech_iters * timed[0]["ratio"])),
+        **chosen,
+        **({"concurrent": len(timed)} if len(timed) > 1 else {}),
+        "iters": max(1, round(mech_iters * chosen["ratio"])),
     }
+
+
+def middle_timing(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of timings made at once, the one of the median ratio (the lower middle of an even
+    count): one timing's own step times, IQR and ratio, not a mixture of several."""
+    ranked = sorted(timed, key=lambda t: t["ratio"])
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _mean_sps(rows: list[dict[str, Any]]) -> float:

@@ -282,17 +282,35 @@ def _wallclock_lines(record: dict[str, Any]) -> list[str]:
             # the ratio is the median of paired ratios, the times each median on their own: on a
             # busy machine the two can point different ways
             low, high = b["ratio_iqr"]
+            at_once = b.get("concurrent")
             how = (
                 f" (the median of paired step ratios, IQR {low:.3f}-{high:.3f}; median step times "
                 f"{times}), timed side by side: {b['reps']} interleaved steps each of both arms' "
-                f"models on {b['threads']} thread(s)."
+                f"models on {b['threads']} thread(s)"
+                + (
+                    f", {at_once} timings at once as the study ran {at_once} runs at a time (the "
+                    "one of the median ratio)."
+                    if at_once
+                    else "."
+                )
             )
             logged = [variants.get(b[k], {}).get("sec_per_step") for k in ("mechanism", "baseline")]
             if all(logged):
+                ratio = logged[0] / logged[1]
                 how += (
-                    f" (The runs' own logged step times give {logged[0] / logged[1]:.3f}x, but "
+                    f" (The runs' own logged step times give {ratio:.3f}x, but "
                     "they include whatever else ran on the machine during each run.)"
                 )
+                if not low <= ratio <= high:  # both ratios, where they differ
+                    mechanism = (record.get("configs") or {}).get(b["mechanism"]) or {}
+                    iters = mechanism.get("train", {}).get("max_iters")
+                    how += " **The two ratios differ** (the logged one lies outside the timed IQR)"
+                    how += (
+                        f": matched by the logged ratio, `{name}` would train "
+                        f"{max(1, round(iters * ratio))} iterations."
+                        if isinstance(iters, int)
+                        else "."
+                    )
         else:  # a budget an earlier attnlab computed, kept so that every seed trains alike
             how = (
                 f" ({times}), from the runs' own logged step times (mean over seeds), which "
