@@ -65,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "preset, resolved model and training config, data and seed) is copied in, not trained",
     )
     p.add_argument(
+        "--trackers",
+        help="comma-separated trackers for every run besides csv and tensorboard: wandb, "
+        "mlflow (the study is a W&B group / an MLflow parent run; its report is attached)",
+    )
+    p.add_argument(
         "--plan",
         action="store_true",
         help="train nothing, write nothing: list every run the command would consider (finished, "
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         preset,
         args.out,
         jobs=args.jobs,
+        trackers=args.trackers.split(",") if args.trackers else None,
         progress=lambda line: print(line, flush=True),
         command=command,
         **chosen,
@@ -164,7 +170,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 # the options that shape the runs: --report-only, --publish and --list take none of them
-_RUN_FLAGS = ["preset", "seeds", "data", "variants", "allow_mixed_commits", "reuse_from", "jobs"]
+_RUN_FLAGS = [
+    "preset",
+    "seeds",
+    "data",
+    "variants",
+    "allow_mixed_commits",
+    "reuse_from",
+    "jobs",
+    "trackers",
+]
 
 
 def _given(args: argparse.Namespace, dests: list[str]) -> list[str]:

@@ -57,7 +57,7 @@ from attnlab.rundir import (
     RunLock,
 )
 from attnlab.train import checkpoint as ckpt
-from attnlab.train import distributed
+from attnlab.train import distributed, trackers
 from attnlab.train.environment import environment
 from attnlab.train.metrics import TB_EVENTS_PREFIX, MetricsLog, read_rows
 
@@ -216,6 +216,7 @@ class Trainer:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights;
         ``lock``: the run folder's, when the caller took it before writing there itself."""
+        trackers.require(trackers.parse(train_config.trackers))  # before anything is written
         self.run_folder = RunDir(run_dir)
         self.run_dir = self.run_folder.path
         self.quiet = quiet
@@ -227,6 +228,7 @@ class Trainer:
         self._bad = torch.tensor([-1.0, 0.0, 0.0])
         self.peer_lost = False
         self.after_interrupt: str | None = None  # said instead of the resume command
+        self.tracking: dict[str, Any] = {}  # a study's trackers, group and parent run
         # resumed from a checkpoint, and not yet recorded in env.json (done once it trains)
         self.resume_unrecorded = False
         self.data = load_dataset(data_dir)
@@ -806,7 +808,13 @@ class Trainer:
         st = self.state
         if not self.dist.is_main:
             return None
-        log = MetricsLog(self.run_folder, self.cfg.tensorboard, st.iter)
+        names = trackers.parse(self.cfg.trackers) + self.tracking.get("trackers", [])
+        params = self.model.get_num_params(non_embedding=False)
+        info = trackers.RunInfo(
+            self.run_folder, self.model_config, self.cfg, params, st.iter, self.tracking
+        )
+        tensorboard = self.cfg.tensorboard and "tensorboard" in names
+        log = MetricsLog(self.run_folder, tensorboard, st.iter, trackers.open_trackers(names, info))
         log.truncate_after(st.iter)
         if self.resume_unrecorded and st.iter < stop_at:  # once it is sure to train
             self.run_folder.add_resume_env(environment(self.device, self.dist.world_size), st.iter)
