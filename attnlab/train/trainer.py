@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import math
 import os
 import shlex
@@ -43,6 +44,7 @@ from attnlab.errors import AttnlabError
 from attnlab.fsutil import full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
+from attnlab.reporting import silenced
 from attnlab.rundir import (
     BEST,
     CONFIG,
@@ -60,6 +62,8 @@ from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed, trackers
 from attnlab.train.environment import environment
 from attnlab.train.metrics import TB_EVENTS_PREFIX, MetricsLog, read_rows
+
+logger = logging.getLogger(__name__)
 
 
 def _count(n: float) -> str:
@@ -896,14 +900,12 @@ class Trainer:
         """After a Ctrl-C or SIGTERM and the checkpoint: say how to continue, then leave."""
         term = signum == signal.SIGTERM
         if self.dist.is_main:
-            print(
+            logger.warning(
                 f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter {self.state.iter}: "
                 + (
                     self.after_interrupt
                     or f"saved {self.run_folder.latest}; continue with: {self.resume_command()}"
                 ),
-                file=sys.stderr,
-                flush=True,
             )
         if term:
             raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
@@ -1059,6 +1061,7 @@ class Progress:
     """
 
     def __init__(self, name: str, total: int, initial: int, enabled: bool) -> None:
+        enabled = enabled and not silenced()  # a silenced attnlab: no bar either
         self.total, self.enabled, self.postfix = total, enabled, {}
         self.bar = tqdm(
             total=total,
@@ -1076,7 +1079,7 @@ class Progress:
                 self.postfix[name] = f"{row[key]:{fmt}}"
         self.bar.set_postfix(self.postfix)
         if self.enabled and self.bar.disable and print_line:
-            print(log_line(row, self.total), flush=True)
+            logger.info(log_line(row, self.total))
 
     def note(self, message: str) -> None:
         """A message on stderr that does not break the bar."""
