@@ -50,45 +50,49 @@ def fields(reader) -> dict:
     return {k: f.contents() for k, f in reader.fields.items()}
 
 
+# llama.cpp's names of the HF tensors, per architecture: (whole-model, per-block)
+GGUF_NAMES = {
+    "gpt2": (
+        {"transformer.wte": "token_embd", "transformer.wpe": "position_embd",
+         "transformer.ln_f": "output_norm", "lm_head": "output"},
+        {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+         "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
+    ),
+    "llama": (
+        {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"},
+        {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+         "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+         "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+         "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"},
+    ),
+}  # fmt: skip
+CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # GPT-2's [in, out] weights
+
+
 def expected(out: Path) -> dict[str, np.ndarray]:
     """The safetensors in llama.cpp's names and layouts, written out here by hand."""
     from safetensors.numpy import load_file
 
     config = json.loads((out / "config.json").read_text())
-    sd = load_file(out / "model.safetensors")
+    top, block = GGUF_NAMES[config["model_type"]]
+    heads = {
+        "self_attn.q_proj": config.get("num_attention_heads"),
+        "self_attn.k_proj": config.get("num_key_value_heads"),
+    }
     want = {}
-    if config["model_type"] == "gpt2":
-        names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-                 "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
-        top = {"transformer.wte": "token_embd", "transformer.wpe": "position_embd",
-               "transformer.ln_f": "output_norm", "lm_head": "output"}  # fmt: skip
-        for key, value in sd.items():
-            stem, part = key.rsplit(".", 1)
-            if stem in top:
-                want[f"{top[stem]}.{part}"] = value
-                continue
-            layer, rest = stem.split(".")[2], stem.split(".", 3)[3]
-            conv1d = part == "weight" and rest in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # fmt: skip
-            want[f"blk.{layer}.{names[rest]}.{part}"] = value.T if conv1d else value
-        return want
-    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}  # fmt: skip
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    for key, value in sd.items():
+    for key, value in load_file(out / "model.safetensors").items():
         stem, part = key.rsplit(".", 1)
         if stem in top:
             want[f"{top[stem]}.{part}"] = value
             continue
         layer, rest = stem.split(".")[2], stem.split(".", 3)[3]
-        proj = rest.rsplit(".", 1)[-1]
-        if proj in heads:  # rows h*d + j*d/2 + i -> h*d + 2i + j
-            n, d = heads[proj], value.shape[0] // heads[proj]
+        if part == "weight" and rest in CONV1D:
+            value = value.T
+        if rest in heads:  # rows h*d + j*d/2 + i -> h*d + 2i + j
+            n, d = heads[rest], value.shape[0] // heads[rest]
             order = [h * d + j * d // 2 + i for h in range(n) for i in range(d // 2) for j in range(2)]  # fmt: skip
             value = value[order]
-        want[f"blk.{layer}.{names[rest]}.{part}"] = value
+        want[f"blk.{layer}.{block[rest]}.{part}"] = value
     return want
 
 
