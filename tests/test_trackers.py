@@ -233,7 +233,8 @@ def test_a_missing_tracker_package_is_one_line_naming_the_extra(
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
-def test_trackers_must_name_known_backends_and_keep_csv() -> None:
+def test_trackers_must_name_known_backends_and_keep_csv(tmp_path: Path, capsys) -> None:
+    from attnlab.cli import main
     from attnlab.config import TrainConfig
     from attnlab.errors import ConfigError
 
@@ -242,3 +243,11 @@ def test_trackers_must_name_known_backends_and_keep_csv() -> None:
     with pytest.raises(ConfigError, match="must include csv"):
         TrainConfig(trackers="wandb")
     assert TrainConfig().trackers == "csv,tensorboard"
+    study = ["study", "kv-bias-4l", "--out", str(tmp_path / "s"), "--trackers"]
+    assert main([*study, "neptune"]) == 2
+    assert "--trackers='neptune' is not allowed" in capsys.readouterr().err
+    assert main([*study, "wandb", "--plan"]) == 2
+    assert capsys.readouterr().err == (
+        "attnlab study: error: --plan trains nothing to track; leave out --trackers\n"
+    )
+    assert not (tmp_path / "s").exists()

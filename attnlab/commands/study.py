@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     publish = args.publish is not None
     if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
+    if args.plan and args.trackers:  # it would be ignored: a plan logs no run
+        raise AttnlabError("--plan trains nothing to track; leave out --trackers")
     if args.plan and args.jobs != 1:  # the estimate is of runs one after another
         raise AttnlabError("--plan: --jobs does not change the plan; leave it out")
     if args.report_only or publish:
