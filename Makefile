@@ -47,6 +47,9 @@ lint: $(STAMP)
 # Without them those tests skip, saying which variable would name the interpreter.
 HF4 := .venv-hf4
 LMEVAL := .venv-lmeval
+# llama.cpp, built from the source llama-cpp-python's sdist bundles (PyPI has no Linux wheel):
+# several minutes on 2 cores, once
+LLAMA := .venv-llama
 
 $(HF4)/.installed: constraints.txt
 	test -x $(HF4)/bin/python || $(PYTHON) -m venv $(HF4)
@@ -59,9 +62,16 @@ $(LMEVAL)/.installed: constraints.txt
 	$(LMEVAL)/bin/python -m pip install --quiet torch==2.13.0 transformers lm-eval peft
 	touch $@
 
-test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed
+$(LLAMA)/.installed: constraints.txt
+	test -x $(LLAMA)/bin/python || $(PYTHON) -m venv $(LLAMA)
+	$(LLAMA)/bin/python -m pip install --quiet --no-binary llama-cpp-python llama-cpp-python
+	touch $@
+
+test-ecosystem: $(STAMP) $(HF4)/.installed $(LMEVAL)/.installed $(LLAMA)/.installed
 	ATTNLAB_OPTIMUM_PYTHON=$(CURDIR)/$(HF4)/bin/python ATTNLAB_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
 		ATTNLAB_HF_PYTHON=$(CURDIR)/$(LMEVAL)/bin/python \
 		$(BIN)/python -m pytest -q -m 'slow or not slow' tests/export/test_onnx_ecosystem.py \
 		tests/export/test_hf_ecosystem.py
 	ATTNLAB_HF_PYTHON=$(CURDIR)/$(HF4)/bin/python $(BIN)/python -m pytest -q tests/export/test_hf_ecosystem.py
+	ATTNLAB_LLAMA_PYTHON=$(CURDIR)/$(LLAMA)/bin/python $(BIN)/python -m pytest -q -m slow \
+		tests/export/test_llama_cpp_ecosystem.py

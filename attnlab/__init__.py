@@ -1,14 +1,17 @@
 """attnlab: transformer attention with a fourth signal, trained, compared and shipped.
 
 ``GPT``, ``ModelConfig``, ``TrainConfig`` and ``from_pretrained`` are imported on first use, so
-that ``attnlab --help`` and other light commands start without loading torch.
+that ``attnlab --help`` and other light commands start without loading torch. The library reports
+through ``logging`` under the ``attnlab`` logger (attnlab.reporting).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from attnlab.errors import AttnlabError
+from attnlab.reporting import LOGGER
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,6 +23,8 @@ if TYPE_CHECKING:
     from attnlab.model import GPT
 
 __version__ = "0.1.0"
+# a library's default: silent until the program configures logging (the CLI does)
+logging.getLogger(LOGGER).addHandler(logging.NullHandler())
 _LAZY = {"GPT": "attnlab.model", "ModelConfig": "attnlab.config", "TrainConfig": "attnlab.config"}
 
 

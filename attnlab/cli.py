@@ -8,9 +8,12 @@ Heavy imports (torch, matplotlib, onnx) belong inside the command's function, so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,6 +21,7 @@ from attnlab import commands
 from attnlab.commands._common import path_arg, register_all, silence_stdout
 from attnlab.config import repeated_override
 from attnlab.errors import AttnlabError, reason
+from attnlab.reporting import END_KEY, LOGGER, STDERR_KEY
 from attnlab.rundir import checkpoint_problem
 
 
@@ -58,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The attnlab parser with every command module's sub-command registered."""
     parser = Parser(prog="attnlab", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    level = parser.add_mutually_exclusive_group()
+    level.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="only warnings and errors: no progress or training log lines",
+    )
+    level.add_argument(
+        "-v", "--verbose", action="store_true", help="also the library's debug messages"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_all(sub, commands)
     return parser
@@ -121,11 +135,49 @@ def out_of_memory(error: BaseException) -> bool:
     )
 
 
+class TerminalHandler(logging.Handler):
+    """The library's reports as the CLI prints them: INFO on stdout (on stderr when the record
+    is marked so), WARNING and above on stderr, each line flushed (attnlab.reporting)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        to_stderr = record.levelno >= logging.WARNING or getattr(record, STDERR_KEY, False)
+        stream = sys.stderr if to_stderr else sys.stdout
+        try:
+            stream.write(self.format(record) + getattr(record, END_KEY, "\n"))
+            stream.flush()
+        except BrokenPipeError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def reporting(args: argparse.Namespace) -> Iterator[None]:
+    """The attnlab logger at the level -q / -v ask for, written by a TerminalHandler."""
+    logger = logging.getLogger(LOGGER)
+    handler = TerminalHandler()
+    level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command in ``argv`` (sys.argv when None); the exit status: 0, or 2 with one
     line on stderr for a bad input (a traceback only with --debug)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    with reporting(args):
+        return _run(parser, args, extra)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """The command of ``main``, with the library's reports going to the terminal."""
     if extra:
         config_flags_as_overrides(parser, args, extra)
     name = " ".join(command_path(args))

@@ -33,6 +33,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "ffn_sublayers": (1, 2),
     "nan_policy": ("stop", "skip"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    # where metric rows go (attnlab.train.trackers); csv is metrics.csv, which every run keeps
+    "trackers": ("csv", "tensorboard", "wandb", "mlflow"),
 }
 
 # Checks of the mechanism fields, run by ModelConfig after its own: attnlab.model.mechanisms
@@ -307,6 +309,7 @@ class TrainConfig(_Serialisable):
     sharded_checkpoints: bool = False  # with fsdp: each rank writes its shards
     dist_timeout: float = 600.0  # seconds; torch's default (30 min) hid a lost peer that long
     tensorboard: bool = _on_resume(INCIDENTAL, True)
+    trackers: str = _on_resume(INCIDENTAL, "csv,tensorboard")  # comma-separated
     # free-form notes (e.g. a study's variant name)
     extra: dict[str, Any] = field(default_factory=dict, metadata={ON_RESUME: INCIDENTAL})
 
@@ -340,6 +343,7 @@ class TrainConfig(_Serialisable):
             )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
+        self._check_trackers()
         if self.nan_policy != "skip" and self.max_bad_steps != MAX_BAD_STEPS:
             raise ConfigError(
                 f"max_bad_steps={self.max_bad_steps} needs nan_policy='skip' (it counts skipped "
@@ -360,6 +364,16 @@ class TrainConfig(_Serialisable):
         if self.min_lr > self.learning_rate:
             raise ConfigError(
                 f"min_lr={self.min_lr} must not exceed learning_rate={self.learning_rate}"
+            )
+
+    def _check_trackers(self) -> None:
+        names = [n.strip() for n in self.trackers.split(",")]
+        for name in names:
+            check_choice("trackers", name, CHOICES["trackers"])
+        if "csv" not in names:  # resume, studies and reports read it
+            raise ConfigError(
+                f"trackers={self.trackers!r} must include csv: metrics.csv is the run's own "
+                "record (resume and studies read it); add the others beside it"
             )
 
     def lr_at(self, it: int) -> float:

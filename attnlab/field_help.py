@@ -66,6 +66,8 @@ TRAIN_HELP: dict[str, str] = {
     "dist_timeout": "seconds a rank waits for its peers in a collective under torchrun before "
     "it stops the run (a hung or lost peer)",
     "tensorboard": "also write TensorBoard scalars to RUN/tb",
+    "trackers": "where metric rows go, comma-separated: csv (RUN/metrics.csv, always), "
+    "tensorboard, wandb, mlflow (pip install 'attnlab[track]')",
     "extra": "free-form notes stored with the run (e.g. a study's variant name)",
 }
 
@@ -109,4 +111,8 @@ ALIASES: dict[str, str] = {
     "max_position_embeddings": "block_size",
     "tie_word_embeddings": "tie_embeddings",
     "rope_base": "rope_theta",
+    "logger_name": "trackers",
+    "loggers": "trackers",
+    "report_to": "trackers",
+    "wandb_log": "trackers",
 }

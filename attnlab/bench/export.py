@@ -11,7 +11,7 @@ agree; int8 may drift once a rare near-tie flips.
 from __future__ import annotations
 
 import copy
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from attnlab.bench.train import bench_config
 from attnlab.export import FILES, export_model, load_onnx
 from attnlab.export.hf import added_token_ids
 from attnlab.model.generation import compile_for_decoding
+from attnlab.reporting import STDERR
+
+logger = logging.getLogger(__name__)
 
 
 def bench_model(model_dir: str | None, preset: str) -> Any:
@@ -37,7 +40,7 @@ def onnx_folder(model: Any, model_dir: str | None, scratch: Path) -> Path:
     when it holds both already, else ``scratch`` after exporting them there."""
     if model_dir and all((Path(model_dir) / FILES[f]).is_file() for f in ("onnx", "onnx-int8")):
         return Path(model_dir)
-    print(f"bench export: exporting ONNX fp32 and int8 to {scratch}", file=sys.stderr)
+    logger.info(f"bench export: exporting ONNX fp32 and int8 to {scratch}", extra=STDERR)
     export_model(model, None, scratch, ["onnx-int8"])
     return scratch
 
@@ -61,7 +64,7 @@ def measure(
     weights = folder / FILES["safetensors"]
     backends = {"pytorch eager": (model.eval(), weights)}
     if compile:
-        print("bench export: compiling a copy of the model for decoding", file=sys.stderr)
+        logger.info("bench export: compiling a copy of the model for decoding", extra=STDERR)
         backends["pytorch compiled"] = (compile_for_decoding(copy.deepcopy(model)), weights)
     for name, fmt in (("onnxruntime fp32", "onnx"), ("onnxruntime int8", "onnx-int8")):
         graph = load_onnx(folder, int8=fmt == "onnx-int8", threads=threads)[0]

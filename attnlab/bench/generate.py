@@ -10,8 +10,8 @@ that of the first quarter (1.0 = no growth with position).
 
 from __future__ import annotations
 
+import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +24,9 @@ from attnlab.bench.timing import format_table, interleaved, seeded_model
 from attnlab.config import ModelConfig
 from attnlab.model.generation import compile_for_decoding, stream
 from attnlab.plotting import legend_outside, plain_log_ticks, pyplot, save_figure
+from attnlab.reporting import STDERR
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def measure(
     variants = {"vanilla": {}, **{n: fields[n] for n in names if n not in missing}}
     rows = []
     for name, overrides in variants.items():
-        print(f"bench generate: {name}", file=sys.stderr)
+        logger.info(f"bench generate: {name}", extra=STDERR)
         model = seeded_model(base.replace(**overrides)).to(device).eval()
         if compile:
             # compiled graphs are kept per code object (GPT.forward) across models, and past

@@ -11,8 +11,8 @@ All models of one width run interleaved.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,9 @@ from attnlab.errors import AttnlabError
 from attnlab.model import GPT, mechanisms
 from attnlab.model.mechanisms import modern_bench_variants  # `measure`'s argument hides the module
 from attnlab.plotting import legend_outside, pyplot, save_figure
+from attnlab.reporting import STDERR
+
+logger = logging.getLogger(__name__)
 
 # name -> ModelConfig overrides; shared with `bench generate`
 
@@ -195,7 +198,9 @@ def measure(
         steps = {
             key: train_step(cfg, batch, device, compile=compile)[0] for key, cfg in configs.items()
         }
-        print(f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", file=sys.stderr)
+        logger.info(
+            f"bench overhead: n_embd {width}, {len(steps)} models x {reps} reps", extra=STDERR
+        )
         timings = interleaved(
             {f"{v}|{m}": fn for (v, m), fn in steps.items()},
             "vanilla|equal",

@@ -9,7 +9,7 @@ overhead is ours.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 
 import torch
@@ -25,6 +25,9 @@ from attnlab.bench.timing import (
 from attnlab.config import ModelConfig
 from attnlab.model import mechanisms
 from attnlab.presets import get_preset
+from attnlab.reporting import STDERR
+
+logger = logging.getLogger(__name__)
 
 CHAR_VOCAB = 65  # tiny-shakespeare's character set, for presets that take vocab_size from the data
 # the component fields of a plain nanoGPT model (every mechanism off comes from the registry)
@@ -120,7 +123,7 @@ def measure(
     variants = {"attnlab GPT": ours}
     if is_nanogpt_shaped(cfg):
         variants["plain reference"] = reference_step(model, batch, device)
-    print(f"bench train: {len(variants)} variants x {steps} steps", file=sys.stderr)
+    logger.info(f"bench train: {len(variants)} variants x {steps} steps", extra=STDERR)
     timings = interleaved(variants, "attnlab GPT", steps, warmup, synchronizer(device))
     tokens = batch * cfg.block_size
     flops_per_token = model.flops_per_token()

@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--formats",
         default="all",
         help="all, or a comma list of safetensors, bin, torchscript, onnx, onnx-int8 "
-        "(onnx-int8 also writes onnx)",
+        "(onnx-int8 also writes onnx), gguf, gguf-f16, gguf-q8_0 (llama.cpp's file, for "
+        "GPT-2 and Llama backbones; not in all)",
     )
     p.add_argument(
         "--out",

@@ -105,6 +105,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "KEY alone for a flag)",
     )
     p.add_argument(
+        "--trackers",
+        help="comma-separated trackers for every run besides csv and tensorboard: wandb, "
+        "mlflow (the study is a W&B group / an MLflow parent run; its report is attached)",
+    )
+    p.add_argument(
         "--plan",
         action="store_true",
         help="train nothing, write nothing: list every run the command would consider (finished, "
@@ -153,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     publish = args.publish is not None
     if args.plan and (args.report_only or publish):
         raise AttnlabError("--plan trains nothing already; leave out --report-only and --publish")
+    if args.plan and args.trackers:  # it would be ignored: a plan logs no run
+        raise AttnlabError("--plan trains nothing to track; leave out --trackers")
     if args.plan and args.jobs not in (None, 1):  # the estimate is of runs one after another
         raise AttnlabError("--plan: --jobs does not change the plan; leave it out")
     if args.executor != "slurm":
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         jobs=args.jobs if args.jobs is not None else slurm.jobs if slurm else 1,
         slurm=slurm,
+        trackers=args.trackers.split(",") if args.trackers else None,
         progress=lambda line: print(line, flush=True),
         command=command,
         **chosen,
@@ -221,6 +229,7 @@ _RUN_FLAGS = [
     "reuse_from",
     "jobs",
     "executor",
+    "trackers",
     *_SLURM_FLAGS,
 ]
 

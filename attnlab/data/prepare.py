@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -54,6 +55,9 @@ from attnlab.data.tokenizer import FILENAME as TOKENIZER_FILE
 from attnlab.data.tokenizer import StreamEncoder, Tokenizer, check_bpe_vocab, listed
 from attnlab.errors import AttnlabError
 from attnlab.fsutil import check_manifest, holds_only, replace_folder
+from attnlab.reporting import STDERR, inline, silenced
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BPE_VOCAB = 16384
 # the most bytes of train text BPE learns its merges on: training time and memory stay flat
@@ -436,7 +440,7 @@ class _Stage:
         now = time.perf_counter()
         if self.lines and now - self._shown >= PROGRESS_EVERY_S:
             self._shown = now
-            print(self.line(now), file=sys.stderr, flush=True)
+            logger.info(self.line(now), extra=STDERR)
 
     def line(self, now: float) -> str:
         """Bytes done, rate and time left: "encoding (...): 120.0 MB of 1,000.0 MB, 60.0 MB/s,
@@ -459,15 +463,16 @@ def _stage(show: bool, what: str, total: int | None = None, bar: bool = True) ->
     advances) and is completed in place; elsewhere only finished stages print, with progress
     lines between on a long one, so a failure early on stays a one-line error.
     """
+    show = show and not silenced()  # a silenced attnlab: no bar either
     stage = _Stage(show, what, total, bar)
     live = show and sys.stderr.isatty() and stage.bar is None
     if live:
-        print(f"{what} ...", end="", file=sys.stderr, flush=True)
+        logger.info(f"{what} ...", extra=inline())
     try:
         yield stage
     except BaseException:
         if live:
-            print(file=sys.stderr)
+            logger.info("", extra=STDERR)
         raise
     finally:
         if stage.bar is not None:
@@ -475,7 +480,7 @@ def _stage(show: bool, what: str, total: int | None = None, bar: bool = True) ->
     if show:
         took = time.perf_counter() - stage.started
         end = f"{what}: {', '.join(stage.done)} ({took:.1f} s)"
-        print(f"\r{end}" if live else end, file=sys.stderr, flush=True)
+        logger.info(f"\r{end}" if live else end, extra=STDERR)
 
 
 def fingerprint(meta: dict) -> dict[str, Any]:
@@ -637,7 +642,7 @@ def prepare_once(out: Path, corpus: str = EMBEDDED, **options: Any) -> None:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
         if not is_data_folder(out):
-            print(f"attnlab: preparing the shipped corpus {corpus!r} in {out}", file=sys.stderr)
+            logger.info(f"attnlab: preparing the shipped corpus {corpus!r} in {out}", extra=STDERR)
             prepare([corpus], out=out, **options)
 
 

@@ -8,7 +8,8 @@
   gradient-boosted-attention paper's setup). Whitespace is not tokenized, so decoding joins
   words with single spaces (then drops the space before punctuation and around word-internal
   apostrophes); word-internal pieces carry a ``##`` prefix so the WordPiece decoder glues them
-  back together. Unseen characters map to ``<unk>``. The same text learns the same merges and
+  back together. The whole decode is the tokenizer's own decoder (``bpe_decoder``), so every
+  tool reading its tokenizer.json decodes as attnlab does. Unseen characters map to ``<unk>``. The same text learns the same merges and
   ids in every process (ties between equally frequent merges go by the sorted alphabet).
 - ``bytebpe``: byte-level BPE (GPT-2's scheme): text is UTF-8 bytes, whitespace included, so
   ``decode(encode(text)) == text`` for any text (newlines, indentation, any script) and nothing
@@ -57,10 +58,23 @@ IM_END = "<|im_end|>"  # ChatML's end of a turn: what sft teaches a model to emi
 # then GPT-2's document separator (an imported GPT-2 tokenizer)
 END_TOKENS = (IM_END, "<|endoftext|>")
 # The Whitespace pre-tokenizer drops spacing, so bpe decoding puts one space between words;
-# these rules take it out again where English typography has none ("faults ," -> "faults,").
-_NO_SPACE_BEFORE = re.compile(r" ([.,;:!?\])])")
-_NO_SPACE_AFTER = re.compile(r"([\[(]) ")
-_APOSTROPHE = re.compile(r"(\w) ' (?=\w)")
+# these rules take it out again where English typography has none ("faults ," -> "faults,"):
+# (pattern, replacement) on the joined text, in this order
+_SPACING = (
+    (r" (?=[.,;:!?\])])", ""),  # none before closing punctuation
+    (r"(?<=[\[(]) ", ""),  # none after an opening bracket
+    (r"(?<=\w) ' (?=\w)", "'"),  # none around a word-internal apostrophe
+)
+
+
+def bpe_decoder() -> decoders.Decoder:
+    """bpe's decoder: WordPiece glues the ``##`` pieces and puts a space between words, Fuse
+    joins the tokens into one text, and the spacing rules run on that text."""
+    rules = [decoders.Replace(Regex(pattern), by) for pattern, by in _SPACING]
+    glue = decoders.WordPiece(prefix=SUBWORD_PREFIX, cleanup=False)
+    return decoders.Sequence([glue, decoders.Fuse(), *rules])
+
+
 # where a text may be cut without changing its ids (Tokenizer.safe_cut): the pattern, and how
 # many characters of it lie before the cut
 _NEWLINE = re.compile("\n")
@@ -138,6 +152,8 @@ class Tokenizer:
         self.kind: str = kinds[model]
         if self.kind == "bpe" and type(hf.pre_tokenizer).__name__ == "ByteLevel":
             self.kind = "bytebpe"
+        if self.kind == "bpe":  # one decode, also for a tokenizer.json an older attnlab wrote
+            hf.decoder = bpe_decoder()
         self._refresh()
 
     def _refresh(self) -> None:
@@ -255,8 +271,7 @@ class Tokenizer:
         )
         hf.add_special_tokens([AddedToken(UNK, special=True, normalized=False)])
         hf.pre_tokenizer = words
-        hf.decoder = decoders.WordPiece(prefix=SUBWORD_PREFIX, cleanup=True)
-        return cls(hf)
+        return cls(hf)  # which sets bpe_decoder
 
     @classmethod
     def train_byte_bpe(
@@ -419,16 +434,12 @@ class Tokenizer:
         return match.end() if match and match.end() < len(text) else None
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` (special tokens included); for ``bpe``, words joined by single spaces."""
+        """Text of ``ids`` (special tokens included), as the tokenizer.json's own decoder gives it
+        (for ``bpe``, words joined by single spaces but before punctuation: ``bpe_decoder``)."""
         ids = [int(i) for i in ids]
         if ids and not 0 <= min(ids) <= max(ids) < self.vocab_size:
             raise AttnlabError(f"token id out of range for vocab size {self.vocab_size}")
-        text = self.hf.decode(ids, skip_special_tokens=False)
-        if self.kind == "bpe":
-            text = _APOSTROPHE.sub(
-                r"\1'", _NO_SPACE_AFTER.sub(r"\1", _NO_SPACE_BEFORE.sub(r"\1", text))
-            )
-        return text
+        return self.hf.decode(ids, skip_special_tokens=False)
 
 
 PIECE_CHARS = 1 << 16  # characters per piece a batch encode gets

@@ -7,7 +7,9 @@ code beside it; see attnlab.export.hf), ``generation_config.json``, ``tokenizer.
 ``model.safetensors``, ``pytorch_model.bin`` (a plain state_dict: tensors only, so it loads with
 ``torch.load(weights_only=True)``), ``model.torchscript.pt`` (a traced ``input_ids -> logits``
 graph that needs no attnlab to load), ``model.onnx`` (with a KV cache, attnlab.export.onnx) and
-``model-int8.onnx``.
+``model-int8.onnx``; on request (not in ``all``), llama.cpp's ``model.gguf`` (f32),
+``model-f16.gguf`` or ``model-q8_0.gguf`` for a model that is exactly GPT-2 or Llama
+(attnlab.export.gguf).
 
 The folder is written beside ``out`` and swapped in (attnlab.fsutil), so a failure leaves the
 previous export whole; a non-empty ``out`` that is not an attnlab export needs ``overwrite``.
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
+from attnlab.export import gguf
 from attnlab.export.hf import (
     EXPORT_MARK,
     METADATA_FILES,
@@ -58,25 +61,28 @@ FILES = {
     "onnx": ONNX_FILE,
     "onnx-int8": INT8_FILE,
 }
-FORMATS = tuple(FILES)
+FORMATS = tuple(FILES)  # what `all` writes
+# GGUF only on request: llama.cpp runs only the GPT-2 and Llama backbones
+FILES.update({fmt: file for fmt, (file, _) in gguf.FORMATS.items()})
 # the formats that hold a traced graph, not weights PyTorch loads into a GPT
 GRAPH_FORMATS = ("torchscript", "onnx", "onnx-int8")
 
 
 def parse_formats(text: str) -> list[str]:
-    """``all`` or a comma list of FORMATS, in FORMATS order; onnx-int8 brings onnx (its source)."""
+    """``all`` (FORMATS: every format but GGUF) or a comma list of FILES' formats, in that order;
+    onnx-int8 brings onnx (its source)."""
     names = {n.strip() for n in text.split(",") if n.strip()}
     if "all" in names:
-        names = set(FORMATS)
-    unknown = sorted(names - set(FORMATS))
+        names = (names - {"all"}) | set(FORMATS)
+    unknown = sorted(names - set(FILES))
     if unknown or not names:
         raise AttnlabError(
             f"unknown format(s) {', '.join(unknown) or repr(text)}; "
-            f"choose all or some of {', '.join(FORMATS)}"
+            f"choose all or some of {', '.join(FILES)}"
         )
     if "onnx-int8" in names:
         names.add("onnx")
-    return [f for f in FORMATS if f in names]
+    return [f for f in FILES if f in names]
 
 
 # --- one writer per format ------------------------------------------------------------------
@@ -201,6 +207,12 @@ def export_model(
     shipped = None if tokenizer is None else shipped_tokenizer(tokenizer, model.config.vocab_size)
     if shipped is not None and shipped.added:
         model = with_rows(model, shipped.rows)
+    if any(fmt in gguf.FORMATS for fmt in formats):  # refused before anything is written
+        problem = gguf.refusal(model.config, shipped)
+        if problem is not None:
+            raise AttnlabError(problem)
+        if log is not None and (note := gguf.caveat(model.config)) is not None:
+            log(f"{'gguf':12s} {note}")
     with replace_folder(
         out, what, overwrite, is_export, sources=sources, describe=ckpt.weights_record
     ) as tmp:  # out is checked first: nothing is said of an export that is refused
@@ -216,6 +228,10 @@ def export_model(
             "onnx": lambda: write_onnx_folder(model, tmp, shipped, metadata, log),
             "onnx-int8": lambda: write_onnx_int8(tmp / FILES["onnx"], tmp / FILES["onnx-int8"]),
         }
+        for fmt, (file, precision) in gguf.FORMATS.items():
+            writers[fmt] = lambda file=file, precision=precision: gguf.write_gguf(
+                tmp / file, model.config, sd, shipped, precision, out.name
+            )
         for fmt in formats:
             writers[fmt]()
             written[fmt] = out / FILES[fmt]

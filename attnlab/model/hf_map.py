@@ -266,18 +266,18 @@ def state_dict_to_hf(
         for name in [k for k in out if k.endswith(".weight") and "wte" not in k and "wpe" not in k]:
             bias = name[: -len("weight")] + "bias"
             if bias not in out and not name.startswith("lm_head"):
-                width = out[name].size(-1 if _is_conv1d(name) else 0)
+                width = out[name].size(-1 if is_conv1d(name) else 0)
                 out[bias] = torch.zeros(width, dtype=out[name].dtype)
     return out
 
 
-def _is_conv1d(name: str) -> bool:
+def is_conv1d(name: str) -> bool:
     return any(f".{part}.weight" in name for part in _GPT2_CONV1D)
 
 
 def _to_hf(key: str, value: torch.Tensor, config: ModelConfig, kind: str):
     if kind == "gpt2":
-        yield key, (value.t() if _is_conv1d(key) else value)
+        yield key, (value.t() if is_conv1d(key) else value)
         return
     if key == "transformer.wte.weight":
         yield "model.embed_tokens.weight", value
@@ -330,7 +330,7 @@ def state_dict_from_hf(
                     f"the export?); delete {GPT2_BIAS} from it to load the biases"
                 )
             sd = {k: v for k, v in sd.items() if k not in biases}
-        return {k: (v.t() if _is_conv1d(k) else v).contiguous() for k, v in sd.items()}
+        return {k: (v.t() if is_conv1d(k) else v).contiguous() for k, v in sd.items()}
     sd = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in sd.items()}
     out: dict[str, torch.Tensor] = {}
     inverse = {v: k for k, v in _LLAMA_BLOCK.items()}

@@ -52,6 +52,7 @@ class Job:
     data: str
     run_dir: str
     max_iters: int | None = None  # the wall-clock-matched budget; the schedule stretches with it
+    tracking: dict[str, Any] | None = None  # the study's trackers (attnlab.train.trackers)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ def train_one(job: Job, threads: int | None = None) -> dict[str, Any]:
         trainer.after_interrupt = (
             f"saved {trainer.run_folder.latest}; the same `attnlab study` command resumes it"
         )
+        trainer.tracking = job.tracking or {}
         try:
             summary = trainer.run()
         finally:

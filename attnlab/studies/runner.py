@@ -10,6 +10,7 @@ written; runs another study trained identically can be copied in (``reuse_from``
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from attnlab.config import CHOICES, check_choice
 from attnlab.data.prepare import load_dataset
 from attnlab.errors import AttnlabError
 from attnlab.rundir import finished_summary
@@ -24,11 +26,12 @@ from attnlab.studies import protocol, provenance
 from attnlab.studies.executors import SlurmExecutor, SlurmOptions
 from attnlab.studies.kinds import KINDS
 from attnlab.studies.kinds.base import Outcome, Study
-from attnlab.studies.output import RESULTS_JSON, RUN_FIELDS, STUDY_JSON, StudyDir
+from attnlab.studies.output import FIGURES, RESULTS_JSON, RUN_FIELDS, STUDY_JSON, StudyDir
 from attnlab.studies.progress import Progress
 from attnlab.studies.report import render
 from attnlab.studies.spec import StudySpec, load_spec_text, shipped_spec_at
 from attnlab.train.environment import process_git_state
+from attnlab.train.trackers import StudyTracking
 
 # what a kind computes again when a study is reported again; the rest of study.json is kept
 _REBUILT = ("variants", "run_commits")
@@ -61,6 +64,7 @@ def run_study(
     allow_mixed_commits: bool = False,
     reuse_from: list[str | Path] | None = None,
     slurm: SlurmOptions | None = None,
+    trackers: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) the study in ``out``; write results.json, results.csv, study.json, report.md.
 
@@ -71,7 +75,8 @@ def run_study(
     is written unless ``allow_mixed_commits``. A run another study in ``reuse_from`` trained
     identically (preset, resolved configs, data, seed) is copied in instead of trained; its
     code state counts as the copy's. ``slurm``: each unit of work is a SLURM job, ``jobs``
-    of them at a time (attnlab.studies.executors). Returns results.json's content with
+    of them at a time (attnlab.studies.executors). ``trackers`` (wandb, mlflow, ...) get every
+    run, grouped by the study, and the report once it is written. Returns results.json's content with
     study.json's as ``study``.
     """
     study = _prepared(
@@ -90,9 +95,22 @@ def run_study(
     )
     if slurm is not None:  # refused before the folder is made where it cannot submit
         study = replace(study, executor=SlurmExecutor(slurm, study.out, progress))
+    tracking = None
+    if trackers:
+        for name in trackers:
+            check_choice("--trackers", name, CHOICES["trackers"])
+        tracking = StudyTracking(trackers, spec.name, study.out.path)
+        study = replace(study, tracking=tracking.context)
     # held until the study returns: a second study in this folder is refused
     with study.out.create():
-        return study.publish(KINDS[spec.kind].run(study))
+        result = study.publish(KINDS[spec.kind].run(study))
+    if tracking is not None:
+        figures = sorted((study.out.path / FIGURES).glob("*"))
+        files = [study.out.report, study.out.path / RESULTS_JSON, *figures]
+        # as results.json holds them (its JSON has no NaN)
+        written = json.loads((study.out.path / RESULTS_JSON).read_text())
+        tracking.attach(files, {"comparisons": written["comparisons"]})
+    return result
 
 
 def plan_study(

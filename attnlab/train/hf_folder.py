@@ -19,7 +19,12 @@ from attnlab.model import hf_map
 from attnlab.model.memory import check_fits
 from attnlab.train import checkpoint as ckpt
 
-TOKENIZER_DECODERS = {"char": "Fuse", "bpe": "WordPiece", "bytebpe": "ByteLevel"}
+# (bpe's is a Sequence since its decoder holds the spacing rules; older exports: WordPiece)
+TOKENIZER_DECODERS = {
+    "char": ("Fuse",),
+    "bpe": ("WordPiece", "Sequence"),
+    "bytebpe": ("ByteLevel",),
+}
 
 
 def attnlab_tokenizer(path: Path) -> Tokenizer | None:
@@ -33,12 +38,12 @@ def attnlab_tokenizer(path: Path) -> Tokenizer | None:
             f"{path}: not a valid tokenizer.json ({reason}); repair it, or move it away to "
             "import the model without a tokenizer"
         ) from None
+    decoder = type(hf.decoder).__name__  # the file's own (Tokenizer sets bpe's)
     try:
         tokenizer = Tokenizer(hf)
     except AttnlabError:  # another model (Unigram, WordPiece): not one attnlab reads
         return None
-    decoder = type(tokenizer.hf.decoder).__name__
-    return tokenizer if TOKENIZER_DECODERS[tokenizer.kind] == decoder else None
+    return tokenizer if decoder in TOKENIZER_DECODERS[tokenizer.kind] else None
 
 
 # transformers' index of a checkpoint saved in shards: {"weight_map": {tensor: shard file}}

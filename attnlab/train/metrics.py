@@ -1,14 +1,16 @@
-"""A run's metrics: metrics.csv rows (and TensorBoard scalars), kept consistent across resumes."""
+"""A run's metrics: metrics.csv rows (and the trackers': TensorBoard, W&B, MLflow), kept
+consistent across resumes."""
 
 from __future__ import annotations
 
 import csv
-import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.rundir import RunDir
+from attnlab.train.trackers import TensorBoardTracker, Tracker
 
 METRIC_COLUMNS = [
     "iter",
@@ -51,11 +53,18 @@ def val_losses(path: Path) -> dict[int, float]:
 
 
 class MetricsLog:
-    """metrics.csv (columns fixed by the first row, kept on resume) plus TensorBoard scalars."""
+    """metrics.csv (columns fixed by the first row, kept on resume) plus the trackers' rows."""
 
-    def __init__(self, run: RunDir, tensorboard: bool, resumed_at: int = 0) -> None:
+    def __init__(
+        self,
+        run: RunDir,
+        tensorboard: bool,
+        resumed_at: int = 0,
+        trackers: Sequence[Tracker] = (),
+    ) -> None:
         """``resumed_at``: the iteration of the checkpoint a run resumes from (0: none); what
-        TensorBoard holds from after it is hidden, as ``truncate_after`` drops it from the CSV."""
+        TensorBoard holds from after it is hidden, as ``truncate_after`` drops it from the CSV.
+        ``trackers`` get every row too (W&B, MLflow), and are closed with the log."""
         self.path = run.metrics
         self.columns: list[str] | None = None
         self.pending: list[
@@ -64,13 +73,8 @@ class MetricsLog:
         if self.path.is_file():
             rows = read_rows(self.path)
             self.columns = rows[0] if rows else None
-        self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step: the events a killed process logged past the checkpoint are logged again
-            purge = resumed_at + 1 if resumed_at else 0
-            self.writer = SummaryWriter(str(run.tensorboard), purge_step=purge)
+        tb = [TensorBoardTracker(run, resumed_at)] if tensorboard else []
+        self.trackers = [*tb, *trackers]
 
     def truncate_after(self, it: int) -> None:
         """Drop rows logged after the checkpoint we resume from (they will be logged again)."""
@@ -111,15 +115,11 @@ class MetricsLog:
         with self.path.open("a", newline="") as f:
             for r in rows:
                 csv.writer(f).writerow(["" if r.get(c) is None else r[c] for c in self.columns])
-        if self.writer is not None:  # every row written, the held-back ones too (iter 0's eval)
-            for r in rows:
-                for key, value in r.items():
-                    if key != "iter" and isinstance(value, int | float) and math.isfinite(value):
-                        self.writer.add_scalar(key, value, r["iter"])
-            self.writer.flush()
+        for tracker in self.trackers:  # every row written, the held-back ones too (iter 0's eval)
+            tracker.log(rows)
 
     def close(self) -> None:
         if self.pending:
             self.write(self.pending.pop(), final=True)
-        if self.writer is not None:
-            self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()

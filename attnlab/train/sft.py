@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ from attnlab.train import checkpoint as ckpt
 from attnlab.train import distributed
 from attnlab.train.spec import with_scaled_schedule
 from attnlab.train.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 VAL_EVERY = 20  # every 20th record is held out for validation
 # fine-tuning recipe on top of the source run's (device, batch size, dtype... carry over)
@@ -340,13 +342,12 @@ def start(
         )
     # once it started: a refused start prints its one line alone
     if any(dropped.values()):
-        print(f"attnlab sft: dropped {dropped_text(dropped)}", file=sys.stderr)
+        logger.warning(f"attnlab sft: dropped {dropped_text(dropped)}")
     if cut:
         block = model_config.block_size
-        print(
+        logger.warning(
             f"attnlab sft: {cut} record(s) longer than the context (block_size={block}) are "
             f"trained on their last {block + 1} tokens",
-            file=sys.stderr,
         )
     return trainer
 

@@ -7,6 +7,7 @@ Later sources win: preset < TOML file < command-line overrides. A TOML file may 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from attnlab.data.corpus import EMBEDDED
 from attnlab.data.prepare import default_data_dir
 from attnlab.errors import AttnlabError
 from attnlab.presets import get_preset
+
+logger = logging.getLogger(__name__)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,11 +125,10 @@ def say_if_warmup_outlasts_decay(train: TrainConfig) -> None:
     never reaches its peak and never decays (accepted: a smoke test may not care)."""
     decay = train.lr_decay_iters or train.max_iters
     if train.decay_lr and train.warmup_iters >= decay:
-        print(
+        logger.warning(
             f"attnlab: warmup_iters={train.warmup_iters} is not shorter than the decay ({decay} "
             f"iterations): no cosine decay, and the learning rate never reaches "
             f"learning_rate={train.learning_rate}",
-            file=sys.stderr,
         )
 
 

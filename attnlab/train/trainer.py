@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import math
 import os
 import shlex
@@ -43,6 +44,7 @@ from attnlab.errors import AttnlabError, reason
 from attnlab.fsutil import check_manifest, full_disk_in_one_line, remove_stale_temps
 from attnlab.model import GPT
 from attnlab.model.memory import check_fits
+from attnlab.reporting import silenced
 from attnlab.rundir import (
     BEST,
     CONFIG,
@@ -57,9 +59,11 @@ from attnlab.rundir import (
     RunLock,
 )
 from attnlab.train import checkpoint as ckpt
-from attnlab.train import distributed
+from attnlab.train import distributed, trackers
 from attnlab.train.environment import environment
 from attnlab.train.metrics import TB_EVENTS_PREFIX, MetricsLog, read_rows
+
+logger = logging.getLogger(__name__)
 
 
 def _count(n: float) -> str:
@@ -216,6 +220,7 @@ class Trainer:
         """``batches(trainer) -> (sampler, val_batches)`` replaces the random windows of the token
         stream (SFT draws masked examples); ``init_weights`` start a new run from given weights;
         ``lock``: the run folder's, when the caller took it before writing there itself."""
+        trackers.require(trackers.parse(train_config.trackers))  # before anything is written
         self.run_folder = RunDir(run_dir)
         self.run_dir = self.run_folder.path
         self.quiet = quiet
@@ -227,6 +232,7 @@ class Trainer:
         self._bad = torch.tensor([-1.0, 0.0, 0.0])
         self.peer_lost = False
         self.after_interrupt: str | None = None  # said instead of the resume command
+        self.tracking: dict[str, Any] = {}  # a study's trackers, group and parent run
         # resumed from a checkpoint, and not yet recorded in env.json (done once it trains)
         self.resume_unrecorded = False
         self.data = load_dataset(data_dir)
@@ -808,7 +814,13 @@ class Trainer:
         st = self.state
         if not self.dist.is_main:
             return None
-        log = MetricsLog(self.run_folder, self.cfg.tensorboard, st.iter)
+        names = trackers.parse(self.cfg.trackers) + self.tracking.get("trackers", [])
+        params = self.model.get_num_params(non_embedding=False)
+        info = trackers.RunInfo(
+            self.run_folder, self.model_config, self.cfg, params, st.iter, self.tracking
+        )
+        tensorboard = self.cfg.tensorboard and "tensorboard" in names
+        log = MetricsLog(self.run_folder, tensorboard, st.iter, trackers.open_trackers(names, info))
         log.truncate_after(st.iter)
         if self.resume_unrecorded and st.iter < stop_at:  # once it is sure to train
             self.run_folder.add_resume_env(environment(self.device, self.dist.world_size), st.iter)
@@ -890,14 +902,12 @@ class Trainer:
         """After a Ctrl-C or SIGTERM and the checkpoint: say how to continue, then leave."""
         term = signum == signal.SIGTERM
         if self.dist.is_main:
-            print(
+            logger.warning(
                 f"{'terminated (SIGTERM)' if term else 'interrupted'} at iter {self.state.iter}: "
                 + (
                     self.after_interrupt
                     or f"saved {self.run_folder.latest}; continue with: {self.resume_command()}"
                 ),
-                file=sys.stderr,
-                flush=True,
             )
         if term:
             raise SystemExit(128 + signal.SIGTERM)  # what the shell reports for it
@@ -1053,6 +1063,7 @@ class Progress:
     """
 
     def __init__(self, name: str, total: int, initial: int, enabled: bool) -> None:
+        enabled = enabled and not silenced()  # a silenced attnlab: no bar either
         self.total, self.enabled, self.postfix = total, enabled, {}
         self.bar = tqdm(
             total=total,
@@ -1070,7 +1081,7 @@ class Progress:
                 self.postfix[name] = f"{row[key]:{fmt}}"
         self.bar.set_postfix(self.postfix)
         if self.enabled and self.bar.disable and print_line:
-            print(log_line(row, self.total), flush=True)
+            logger.info(log_line(row, self.total))
 
     def note(self, message: str) -> None:
         """A message on stderr that does not break the bar."""

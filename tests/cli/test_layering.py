@@ -30,6 +30,7 @@ LAYERS = {
     "attnlab.field_help": 1,
     "attnlab.fsutil": 1,
     "attnlab.errors": 0,
+    "attnlab.reporting": 0,
     # the package's facade (its own imports are lazy): each name counts as where it lives
     "attnlab": 0,
     "attnlab.from_pretrained": 3,

@@ -134,15 +134,16 @@ def test_describe_names_data_model_device_and_schedule(tmp_path, tiny_data) -> N
     assert "; batch 8 (4 per rank x 2 ranks) x 2 accum x 32 = 512 tokens per step;" in schedule
 
 
-def test_progress_lines_off_a_terminal(tmp_path, tiny_data, capsys, monkeypatch) -> None:
+def test_progress_lines_off_a_terminal(tmp_path, tiny_data, capsys, monkeypatch, caplog) -> None:
     """One line per log_interval and per evaluation (val loss included), and compile notes."""
     import torch
 
     monkeypatch.setattr(torch, "compile", lambda model: model)  # the notes, not the compiler
     trainer = _trainer(tmp_path / "run", tiny_data, quiet=False, max_iters=12, compile=True)
-    trainer.run()
-    out, err = capsys.readouterr()
-    lines = out.splitlines()
+    with caplog.at_level("INFO", logger="attnlab"):  # the lines are log records (the CLI prints)
+        trainer.run()
+    _, err = capsys.readouterr()
+    lines = [r.getMessage() for r in caplog.records if r.name == "attnlab.train.trainer"]
     assert [line.split(" | ")[0] for line in lines] == [f"iter {i}/12" for i in (0, 5, 10, 12)]
     assert lines[0].startswith("iter 0/12 | val_loss ") and "train_loss" not in lines[0]
     assert "val_loss" not in lines[1] and "tokens_per_s" in lines[1]

@@ -89,17 +89,20 @@ def test_default_dirs_follow_attnlab_home(monkeypatch, tmp_path) -> None:
 
 
 def test_load_dataset_default_prepares_the_embedded_corpus_once(
-    monkeypatch, tmp_path, capsys
+    monkeypatch, tmp_path, caplog
 ) -> None:
     monkeypatch.setenv("ATTNLAB_HOME", str(tmp_path))
-    ds = load_dataset()
-    assert "preparing the shipped corpus 'shakespeare'" in capsys.readouterr().err
+    with caplog.at_level("INFO", logger="attnlab"):  # the library reports through logging
+        ds = load_dataset()
+    assert "preparing the shipped corpus 'shakespeare'" in caplog.text
     assert ds.dir == tmp_path / "data" / "shakespeare-char"
     assert ds.meta["provenance"]["name"] == "shakespeare" and ds.tokenizer.kind == "char"
     assert 0.09 < len(ds.val) / (len(ds.train) + len(ds.val)) < 0.11
     assert ds.tokenizer.decode(ds.train[:9].tolist()) == "ALL'S WEL"
-    load_dataset()
-    assert capsys.readouterr().err == ""  # second use loads what is there
+    caplog.clear()
+    with caplog.at_level("INFO", logger="attnlab"):
+        load_dataset()
+    assert caplog.text == ""  # second use loads what is there
 
 
 @pytest.mark.parametrize(

@@ -357,6 +357,7 @@ def test_the_default_data_is_prepared_once_by_concurrent_ranks(tmp_path: Path) -
     """torchrun's ranks each prepared the default data (and swapped in their own copy); now the
     first to take the lock prepares and the others find it ready."""
     script = (
+        "import logging; logging.basicConfig(level=logging.INFO); "  # its reports on stderr
         "from pathlib import Path; from attnlab.data.prepare import prepare_once; "
         f"prepare_once(Path({str(tmp_path / 'data')!r}), 'shakespeare_char')"
     )

@@ -46,6 +46,8 @@ class Study:
     reuse: dict[str, str] = field(default_factory=dict)
     # a --plan: writes nothing, not even a shipped corpus the runs would prepare
     planning: bool = False
+    # the trackers every run logs to, the W&B group and MLflow parent run (attnlab.train.trackers)
+    tracking: dict[str, Any] = field(default_factory=dict)
     # where its units of work run (None: here, ``jobs`` at a time)
     executor: Executor | None = None
 

@@ -419,7 +419,8 @@ def _arm(study: Study, name: str) -> Job:
     of seed 0 without a folder."""
     variant = study.spec.variants[name]
     model, train = study.spec.layered(variant, study.preset)
-    return Job(name, 0, variant.preset, model, train, _data_folder(study, variant), "")
+    data = _data_folder(study, variant)
+    return Job(name, 0, variant.preset, model, train, data, "", tracking=study.tracking)
 
 
 def _budget_iters(budgets: dict[str, dict[str, Any]]) -> dict[str, int]:
