@@ -35,6 +35,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     # where metric rows go (attnlab.train.trackers); csv is metrics.csv, which every run keeps
     "trackers": ("csv", "tensorboard", "wandb", "mlflow"),
+    # validation batches: one set drawn once, or new ones at each evaluation (nanoGPT's way)
+    "eval_batches": ("fixed", "fresh"),
 }
 
 # Checks of the mechanism fields, run by ModelConfig after its own: attnlab.model.mechanisms
@@ -294,8 +296,9 @@ class TrainConfig(_Serialisable):
     log_interval: int = _on_resume(INCIDENTAL, 10)
     ckpt_interval: int | None = _on_resume(INCIDENTAL, None)  # None: every eval_interval
     seed: int = _on_resume(FIXED, 1337)
-    # fixed validation batches, identical across runs and variants
+    # the validation batches' stream, the same for every run and variant
     eval_seed: int = _on_resume(FIXED, 2024)
+    eval_batches: str = _on_resume(FIXED, "fixed")
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = _on_resume(INCIDENTAL, False)
@@ -343,6 +346,7 @@ class TrainConfig(_Serialisable):
             )
         self._check_choice("nan_policy")
         self._check_choice("dtype")
+        self._check_choice("eval_batches")
         self._check_trackers()
         if self.nan_policy != "skip" and self.max_bad_steps != MAX_BAD_STEPS:
             raise ConfigError(

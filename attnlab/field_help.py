@@ -44,11 +44,14 @@ TRAIN_HELP: dict[str, str] = {
     "beta2": "AdamW beta2",
     "grad_clip": "clip the global gradient norm to this (0: no clipping)",
     "eval_interval": "steps between validation evaluations (and best checkpoints)",
-    "eval_iters": "validation batches per evaluation (fixed, the same for every run)",
+    "eval_iters": "validation batches per evaluation (the same for every run)",
     "log_interval": "steps between log lines / metrics.csv rows",
     "ckpt_interval": "steps between latest/ checkpoints (null: eval_interval)",
     "seed": "seed of the model init and the training batches",
-    "eval_seed": "seed of the fixed validation batches",
+    "eval_seed": "seed of the validation batches",
+    "eval_batches": "fixed: one set of validation batches drawn once (the least noisy paired "
+    "comparison); fresh: new batches at each evaluation, nanoGPT's way, keyed by the iteration "
+    "(every run scores the same ones at the same step; a resume draws them again)",
     "device": "auto (cuda, then mps, then cpu), or a torch device name",
     "dtype": "autocast precision (auto: bfloat16 on a GPU with native bf16, float16 with a loss "
     "scaler on older GPUs, float32 on CPU and MPS)",

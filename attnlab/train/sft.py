@@ -318,6 +318,11 @@ def start(
     recipe = ckpt.read_train_config(folder)
     train_config = TrainConfig.from_dict(with_scaled_schedule({**recipe, **DEFAULTS}, train_over))
     resolve_device(train_config.device)  # refused before anything is written
+    if train_config.eval_batches != "fixed":  # its validation examples are a set, not a stream
+        raise AttnlabError(
+            "eval_batches='fresh' draws new windows of a token stream; SFT scores its held-out "
+            "examples, the same ones each evaluation: leave eval_batches out"
+        )
     data_path = Path(data) if data else SHIPPED["chat" if chat else "instruct"]
     records = load_jsonl(data_path)
     # the trainer's own checks (the weights fit the model, the model fits the device...) read

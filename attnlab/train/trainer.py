@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -646,9 +647,10 @@ class Trainer:
         rank scored every batch whole). Every rank runs every batch: under FSDP a forward is a
         collective.
         """
+        batches = self.val_batches if self.cfg.eval_batches == "fixed" else self._fresh_val()
         self.model.eval()
-        sums = torch.zeros((len(self.val_batches), 2), device=self.device)
-        for i, (x, y) in enumerate(self.val_batches):
+        sums = torch.zeros((len(batches), 2), device=self.device)
+        for i, (x, y) in enumerate(batches):
             x, y = (torch.tensor_split(t, self.dist.world_size)[self.dist.rank] for t in (x, y))
             with self._autocast():
                 logits, _ = self.model(x, all_logits=True)
@@ -659,6 +661,18 @@ class Trainer:
         self.model.train()
         sums = distributed.all_reduce(sums, self.dist, op="sum")
         return float((sums[:, 0] / sums[:, 1]).mean())
+
+    def _fresh_val(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """eval_batches="fresh": new validation windows at each evaluation, from a stream keyed
+        by (eval_seed, iteration) alone, so the training stream is untouched, runs compared by
+        seed score the same windows at the same step, and a resume draws them again."""
+        seed = int(
+            np.random.SeedSequence([self.cfg.eval_seed, self.state.iter]).generate_state(1)[0]
+        )
+        block, cfg = self.model_config.block_size, self.cfg
+        return fixed_batches(
+            self.data.val, block, cfg.batch_size, cfg.eval_iters, seed, self.device
+        )
 
     # --- the loop ---------------------------------------------------------------------------
     def _step(

@@ -28,7 +28,17 @@ def required_positionals(parser: argparse.ArgumentParser) -> int:
     return sum(1 for a in parser._actions if not a.option_strings and a.nargs is None)
 
 
-ANALYSES = analyses()
+def takes_runs(parser: argparse.ArgumentParser) -> bool:
+    """Whether the analysis reads trained runs (RUN; RUN_A and RUN_B), not a study or a preset."""
+    return any(not a.option_strings and a.dest.startswith("run") for a in parser._actions)
+
+
+ANALYSES = {name: p for name, p in analyses().items() if takes_runs(p)}
+STUDY_ANALYSES = {
+    name: p
+    for name, p in analyses().items()
+    if any(not a.option_strings and a.dest == "study" for a in p._actions)
+}
 
 
 @pytest.mark.parametrize(
@@ -55,3 +65,30 @@ def test_every_analysis_refuses_a_file_as_its_run_first(
     assert error_line(p, f"analyze {name}") == f"{spec} is a file, not a run or model folder"
     assert p.stdout == ""
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", sorted(STUDY_ANALYSES))
+def test_every_study_analysis_refuses_a_file_as_its_study(
+    name: str,
+    tmp_path: Path,
+    attnlab,  # noqa: F811
+) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "not a study"\n')
+    required = [
+        x
+        for a in STUDY_ANALYSES[name]._actions
+        if a.option_strings and a.required
+        for x in (a.option_strings[0], "vanilla")
+    ]
+    before = snapshot(tmp_path)
+    p = attnlab("analyze", name, str(spec), *required)
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert str(spec) in p.stderr and p.stdout == ""
+    assert snapshot(tmp_path) == before
+
+
+def test_the_runs_and_study_analyses_are_found() -> None:
+    """The two tables above are derived: an analysis of neither kind (export-size) is left out."""
+    assert {"per-position", "names"} <= set(ANALYSES)
+    assert {"curves", "reach"} == set(STUDY_ANALYSES)

@@ -142,7 +142,13 @@ def test_an_empty_or_undecodable_path_is_refused(
 
 
 # string arguments whose help or metavar speaks of files, folders or runs but that are no path
-NOT_A_PATH = {("sample", "prompt"), ("study", "variants"), ("sft", "args")}
+NOT_A_PATH = {
+    ("sample", "prompt"),
+    ("study", "variants"),
+    ("sft", "args"),
+    ("export", "formats"),  # a list of format names ("gguf: llama.cpp's file")
+    ("study", "trackers"),  # tracker names ("every run")
+}
 
 
 def test_every_argument_that_names_a_file_or_folder_is_checked_as_one():

@@ -3,6 +3,8 @@ pieces; the BPE sample, the recorded largest id, progress, and the input formats
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gzip
 import json
 import lzma
@@ -13,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnlab.cli import reporting
 from attnlab.data import prepare as prepare_module
 from attnlab.data import tokenizer as tokenizer_module
 from attnlab.data.corpus import (
@@ -251,12 +254,18 @@ def test_stream_encoder_matches_whole_encoding_fed_in_any_pieces() -> None:
         assert ids == whole, tok.kind
 
 
+def terminal() -> contextlib.AbstractContextManager[None]:
+    """What `attnlab prepare` writes: the library's records through the CLI's handler."""
+    return reporting(argparse.Namespace(quiet=False, verbose=False))
+
+
 def test_progress_lines_off_a_terminal_and_quiet_without(tmp_path, monkeypatch, capsys) -> None:
     mixed_corpus(tmp_path / "corpus")
     monkeypatch.setattr(prepare_module, "PROGRESS_EVERY_S", 0.0)  # a line at every piece
     prepare([str(tmp_path / "corpus")], out=tmp_path / "data", chunk=500)
     assert capsys.readouterr().err == ""  # progress=False
-    prepare([str(tmp_path / "corpus")], out=tmp_path / "data", chunk=500, progress=True)
+    with terminal():  # the lines are log records: the CLI's handler writes them
+        prepare([str(tmp_path / "corpus")], out=tmp_path / "data", chunk=500, progress=True)
     err = capsys.readouterr().err.splitlines()
     encoding = [line for line in err if line.startswith("encoding (") and "MB/s" in line]
     assert encoding and all(line.endswith(" s left") and " of " in line for line in encoding)
@@ -267,7 +276,8 @@ def test_progress_lines_off_a_terminal_and_quiet_without(tmp_path, monkeypatch, 
 def test_a_terminal_gets_a_bar(tmp_path, monkeypatch, capsys) -> None:
     mixed_corpus(tmp_path / "corpus")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    prepare([str(tmp_path / "corpus")], out=tmp_path / "data", chunk=500, progress=True)
+    with terminal():
+        prepare([str(tmp_path / "corpus")], out=tmp_path / "data", chunk=500, progress=True)
     err = capsys.readouterr().err
     assert "B/s" in err and "\r" in err  # tqdm's bar, drawn in place
     assert "encoding (" in err.splitlines()[-1]

@@ -90,6 +90,12 @@ def _protocol_lines(kept: dict[str, Any], record: dict[str, Any]) -> list[str]:
         "), identical for every run, arm and evaluation: nanoGPT draws fresh random batches at "
         "each evaluation instead, so our losses have less evaluation noise but are not its "
         "numbers."
+        if train.get("eval_batches", "fixed") == "fixed"
+        else "**Evaluation.** Every run's validation loss is the mean over "
+        f"{train.get('eval_iters', '?')} batches of {train.get('batch_size', '?')} drawn anew "
+        'at each evaluation (nanoGPT\'s way, `eval_batches = "fresh"`), keyed by eval seed '
+        f"{train.get('eval_seed', '?')} and the iteration, so every run and arm scores the same "
+        "batches at the same step."
     )
     grid = kept["lr_grid"]
     lr = (

@@ -38,9 +38,8 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
     lines += [
         "## Variants",
         "",
-        "Final validation loss of each run (the same fixed validation batches "
-        "for every run), over the seeds that finished; std is the sample std (n − 1) and the "
-        "95 % CI Student's t.",
+        f"Final validation loss of each run ({evaluation_batches(record)}), over the seeds "
+        "that finished; std is the sample std (n − 1) and the 95 % CI Student's t.",
         "",
         *_variant_table(record["variants"], results["runs"], record.get("configs") or {}),
         *_convergence_lines(results["runs"]),
@@ -98,6 +97,17 @@ def sections(study: Study, results: dict[str, Any], record: dict[str, Any]) -> l
             "",
         ]
     return lines + lm_analyses.sections(record.get("analyses", {}))
+
+
+def evaluation_batches(record: dict[str, Any]) -> str:
+    """How the study's runs drew their validation batches (TrainConfig.eval_batches), in words."""
+    configs = (record.get("configs") or {}).values()
+    if any(c.get("train", {}).get("eval_batches") == "fresh" for c in configs):
+        return (
+            "fresh validation batches at each evaluation, nanoGPT's way, keyed by the iteration: "
+            "every run scores the same ones at the same step"
+        )
+    return "the same fixed validation batches for every run"
 
 
 def _worst_change(runs: list[dict[str, Any]], variant: str) -> float | None:
