@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as t_dist
 
 from attnlab.config import TrainConfig
 from attnlab.errors import AttnlabError
@@ -34,6 +33,7 @@ from attnlab.studies.stats import (
     ALPHA,
     POWER,
     holm,
+    holm_ci,
     paired_comparison,
     paired_power,
     seeds_needed,
@@ -340,17 +340,6 @@ def choose_n(state: Expanded, loss: dict[tuple[str, int], float]) -> dict[str, A
     }
 
 
-def _holm_ci(row: dict[str, Any]) -> list[float]:
-    """The difference's t interval at the level whose test rejects exactly when Holm's adjusted
-    p is below α: 1 - α·p/p_holm (α/m for the smallest p, Bonferroni's)."""
-    p, adjusted, n = row["p"], row["p_holm"], row["n"]
-    if not (math.isfinite(p) and math.isfinite(adjusted) and adjusted > 0 and n >= 2):
-        return [math.nan, math.nan]
-    level = ALPHA * p / adjusted
-    half = float(t_dist.ppf(1 - level / 2, n - 1)) * row["sd_diff"] / math.sqrt(n)
-    return [row["mean_diff"] - half, row["mean_diff"] + half]
-
-
 def comparisons(spec: StudySpec, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every comparison of the spec at every size, at the tuned LRs and at the recipe's, over
     the evaluation seeds both arms finished; Holm within each basis; each row carries what a
@@ -403,7 +392,7 @@ def comparisons(spec: StudySpec, runs: list[dict[str, Any]]) -> list[dict[str, A
                 )
         for row, p in zip(family, holm([r["p"] for r in family]), strict=True):
             row["p_holm"] = p
-            row["ci95_holm"] = _holm_ci(row)
+            row["ci95_holm"] = holm_ci(row)
         out += family
     return out
 

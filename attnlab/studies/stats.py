@@ -167,3 +167,15 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         if not np.isnan(p[idx]):
             adjusted[idx] = running
     return adjusted.tolist()
+
+
+def holm_ci(row: dict) -> list[float]:
+    """A paired comparison's t interval at the level whose test rejects exactly when Holm's
+    adjusted p is below ALPHA: 1 - ALPHA·p/p_holm (ALPHA/m for the smallest p, Bonferroni's).
+    ``row`` holds p, p_holm, n, mean_diff and sd_diff (a study's comparison)."""
+    p, adjusted, n = row["p"], row["p_holm"], row["n"]
+    if not (math.isfinite(p) and math.isfinite(adjusted) and adjusted > 0 and n >= 2):
+        return [math.nan, math.nan]
+    level = ALPHA * p / adjusted
+    half = float(stats.t.ppf(1 - level / 2, n - 1)) * row["sd_diff"] / math.sqrt(n)
+    return [row["mean_diff"] - half, row["mean_diff"] + half]

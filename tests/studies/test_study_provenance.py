@@ -395,7 +395,8 @@ def _comparison(**over: object) -> dict:
 def test_an_inconclusive_verdict_says_what_its_seeds_could_see() -> None:
     text = lm_report.verdict(_comparison())
     assert text == (
-        "**kv vs base: inconclusive** (t(7) = -1.20, p = 0.2700; the seed's t = -9.04). At the "
+        "**kv vs base: not reproduced (at this size)** (t(7) = -1.20, p = 0.2700; the seed's "
+        "t = -9.04). At the "
         "observed spread (sd of the per-seed differences 0.0236) 8 seeds detect a difference of "
         "±0.0264 at 80 % power (paired t, two-sided, α = 0.05); 5 would already detect the "
         "seed's claimed -0.0429, so these 8 seeds do not bear that claim out."
@@ -407,7 +408,11 @@ def test_an_inconclusive_verdict_says_what_its_seeds_could_see() -> None:
         "the seed gives no values for both arms, so there is no claimed effect to size seeds for."
     )
     lower = lm_report.verdict(_comparison(p=0.001, p_holm=0.08, t=-5.0, ci95=[-0.02, -0.005]))
-    assert lower.startswith("**kv vs base: kv lower** by -0.0100 (95 % CI -0.0200 – -0.0050;")
+    # significant alone, not after Holm: the rule weighs the Holm interval, which holds 0
+    assert lower.startswith(
+        "**kv vs base: inconclusive (at this size)**; kv lower by -0.0100 "
+        "(95 % CI -0.0200 – -0.0050;"
+    )
     assert lower.endswith("(not after Holm's correction: 0.0800).")
     flat = lm_report.verdict(_comparison(no_spread=True, p=math.nan, t=math.nan))
     assert flat.startswith("**kv vs base: no test.**") and "inconclusive" not in flat

@@ -9,12 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.plotting import legend_outside, pyplot, save_figure, series_styles
+from attnlab.studies import verdict as rule
 from attnlab.studies.kinds import lm_analyses
 from attnlab.studies.kinds.base import Study
 from attnlab.studies.output import CONVERGED_WITHIN, LAST_FRACTION, figure_link, val_curve
 from attnlab.studies.progress import duration
 from attnlab.studies.report import md_table, num, p_cell, p_value
-from attnlab.studies.stats import ALPHA, BOOTSTRAP_MIN_N, BOOTSTRAP_RESAMPLES, MAX_SEEDS, POWER
+from attnlab.studies.stats import (
+    ALPHA,
+    BOOTSTRAP_MIN_N,
+    BOOTSTRAP_RESAMPLES,
+    MAX_SEEDS,
+    POWER,
+    holm_ci,
+)
 
 CURVES = "curves.png"
 PAIRED = "paired.png"
@@ -417,13 +425,14 @@ def verdict(c: dict[str, Any]) -> str:
     ours = f"t({c['df']}) = {c['t']:.2f}, p = {p_value(p)}"
     if c.get("reference_t") is not None:
         ours += f"; the seed's t = {c['reference_t']:.2f}"
+    word = ruled(c)
     if p < ALPHA:
         side = "lower" if c["mean_diff"] < 0 else "higher"
         held = (
             "" if c["p_holm"] < ALPHA else f" (not after Holm's correction: {p_value(c['p_holm'])})"
         )
         return (
-            f"**{what}: {c['variant']} {side}** by {c['mean_diff']:+.4f} "
+            f"**{what}: {word}**; {c['variant']} {side} by {c['mean_diff']:+.4f} "
             f"(95 % CI {_interval(c['ci95'], '+.4f')}; {ours}){held}."
         )
     sees = (
@@ -446,7 +455,21 @@ def verdict(c: dict[str, Any]) -> str:
         )
     else:
         claimed = f"; detecting the seed's claimed {claim:+.4f} would take {needed} seeds."
-    return f"**{what}: inconclusive** ({ours}). {sees}{claimed}"
+    return f"**{what}: {word}** ({ours}). {sees}{claimed}"
+
+
+def ruled(c: dict[str, Any]) -> rule.Verdict:
+    """The comparison's verdict by the one rule (attnlab.studies.verdict), over its Holm interval
+    against the seed's claimed difference where the spec gives one."""
+    low, high = c.get("ci95_holm") or holm_ci(c)
+    return rule.verdict(
+        c["mean_diff"],
+        (low, high),
+        c.get("claimed_diff"),
+        n=c["n"],
+        edge_of_grid=bool(c.get("edge_of_grid")),
+        sizes=c.get("sizes", 1),
+    )
 
 
 def _curves(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
